@@ -1,0 +1,33 @@
+# DDP Lab: `make lab` to learn, `make test` to check everything.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: lab test workbook bench clean
+
+# Reinstall only when the dependency files change (or the venv is new).
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e ".[dev]"
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Every notebook executed top to bottom, rendered to HTML handouts in build/workbook/.
+workbook: $(STAMP)
+	$(PY) -m ddp_lab.workbook build/workbook
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/bench_scaling.py
+
+clean:
+	rm -rf build runs

@@ -1,0 +1,143 @@
+"""The few lines every program that torchrun starts needs.
+
+    from ddp_lab import runtime
+
+    with runtime.distributed() as ctx:        # init (or world size 1 when unlaunched)
+        x = torch.ones(1, device=ctx.device) * ctx.rank
+        dist.all_reduce(x)
+        ctx.print0("sum of ranks:", x.item())  # rank 0 prints
+        ctx.record(kind="sum", value=x.item()) # a JSON line for the notebook
+                                               # teardown happens in `finally`
+
+- Device and backend: CUDA + NCCL (with torch.cuda.set_device(local_rank)) when
+  this process can see a GPU, else CPU + gloo. DDP_LAB_BACKEND overrides.
+- Init has a timeout (60 s, DDP_LAB_TIMEOUT overrides) that also bounds every
+  collective, so a lost rank fails loudly instead of hanging forever.
+- Run as plain `python prog.py` it is a world of one, with a real process group,
+  so the same collectives work unchanged.
+- Records go to $DDP_LAB_RECORDS/rank{RANK}.jsonl (set by ddp_lab.launch);
+  without that variable record() does nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+RECORDS_ENV = "DDP_LAB_RECORDS"
+TIMEOUT_ENV = "DDP_LAB_TIMEOUT"
+BACKEND_ENV = "DDP_LAB_BACKEND"
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_backend() -> tuple[str, str]:
+    """(backend, device type): nccl/cuda when a GPU is visible, else gloo/cpu."""
+    forced = os.environ.get(BACKEND_ENV)
+    if torch.cuda.is_available() and forced in (None, "", "nccl"):
+        return "nccl", "cuda"
+    return (forced or "gloo"), "cpu"
+
+
+@dataclass
+class Context:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+    launched: bool  # True under torchrun, False for a plain `python prog.py`
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def print0(self, *args, **kwargs) -> None:
+        """print() on rank 0 only; reduce first if the value differs per rank."""
+        if self.is_main:
+            print(*args, **kwargs, flush=True)
+
+    def record(self, **fields) -> None:
+        """Append one JSON line for the launcher; every rank may call it."""
+        folder = os.environ.get(RECORDS_ENV)
+        if not folder:
+            return
+        fields = {"rank": self.rank, "t": time.time(), **fields}
+        path = os.path.join(folder, f"rank{self.rank}.jsonl")
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(fields, default=_jsonable) + "\n")
+
+
+def _jsonable(x):
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, torch.device):
+        return str(x)
+    return str(x)
+
+
+def timeout_s() -> float:
+    return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+
+
+def setup(timeout: float | None = None) -> Context:
+    """Join the process group torchrun described, or make a world of one."""
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    backend, device_type = pick_backend()
+    if device_type == "cuda":
+        # Before init: NCCL binds this process to its own GPU, not everyone to GPU 0.
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    limit = datetime.timedelta(seconds=timeout if timeout is not None else timeout_s())
+    if not dist.is_initialized():
+        if launched:
+            dist.init_process_group(backend, timeout=limit)
+        else:
+            dist.init_process_group(
+                backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+                rank=0, world_size=1, timeout=limit)
+    return Context(rank, world_size, local_rank, local_world_size, device, backend, launched)
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def distributed(timeout: float | None = None):
+    """setup() ... teardown() in `finally`, so a failing rank still releases the group."""
+    ctx = setup(timeout)
+    try:
+        yield ctx
+    finally:
+        sys.stdout.flush()
+        teardown()
+
+
+def all_reduce_mean(sum_and_count: list[float], device: torch.device | str = "cpu") -> float:
+    """Global mean from per-rank [sum, count]: every rank must call it."""
+    t = torch.tensor(sum_and_count, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return (t[0] / t[1]).item() if t[1] > 0 else float("nan")
