@@ -93,7 +93,10 @@ def script(name: str) -> str:
 
 
 def _program_argv(program) -> list[str]:
-    parts = shlex.split(program) if isinstance(program, str) else list(program)
+    if isinstance(program, os.PathLike):
+        parts = [os.fspath(program)]
+    else:
+        parts = shlex.split(program) if isinstance(program, str) else [str(p) for p in program]
     if not parts:
         raise ValueError("program is empty: give a script path or '-m module'")
     if parts[0] == "-m":
@@ -205,7 +208,7 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
             m = _RANK_PREFIX.match(line)
             if m:
                 rank = int(m.group(1))
-                text = _TORCH_RANK_TAG.sub("", m.group(2).lstrip(" "))
+                text = _TORCH_RANK_TAG.sub("", m.group(2))
                 rank_lines.setdefault(rank, []).append(text)
                 if stream:
                     print(f"[rank {rank}] {text}", flush=True)

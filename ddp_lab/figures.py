@@ -1,0 +1,205 @@
+"""Figures for notebooks 01 (DataParallel vs DDP) and 02 (samplers and metrics).
+
+Every function draws from numbers it is given (measured or counted) and returns
+the matplotlib Figure, so a notebook cell shows it and a script can save it.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+RANK_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
+
+
+def _box(ax, xy, text, color, w=1.6, h=0.8):
+    x, y = xy
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.05",
+                                fc=color, ec="black", alpha=0.9))
+    ax.text(x, y, text, ha="center", va="center", fontsize=8.5)
+
+
+def _arrow(ax, a, b, label="", color="black", rad=0.0, offset=(0, 0.12)):
+    ax.add_patch(FancyArrowPatch(a, b, arrowstyle="-|>", mutation_scale=12, color=color,
+                                 connectionstyle=f"arc3,rad={rad}", lw=1.4))
+    if label:
+        mx, my = (a[0] + b[0]) / 2 + offset[0], (a[1] + b[1]) / 2 + offset[1]
+        ax.text(mx, my, label, ha="center", fontsize=7.5, color=color)
+
+
+def dataflow(n: int = 4):
+    """DataParallel (one process, device 0 in the middle of everything) next to DDP (a ring)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
+    for ax in (a, b):
+        ax.set_xlim(-1, 9)
+        ax.set_ylim(-0.6, 5.2)
+        ax.axis("off")
+    a.set_title("nn.DataParallel: one process, N threads, every step", fontsize=10)
+    a.add_patch(FancyBboxPatch((-0.8, -0.5), 9.6, 5.5, boxstyle="round,pad=0.02", fc="none",
+                               ec="gray", ls="--"))
+    a.text(8.6, 4.75, "one Python process (one GIL)", ha="right", fontsize=8, color="gray")
+    dev0 = (1.2, 2.2)
+    _box(a, dev0, "device 0, thread 0\nwhole batch, model,\nloss, optimizer", "#F4D03F", w=2.0, h=1.4)
+    ys = np.linspace(4.0, 0.4, n - 1)
+    steps = [("1 scatter inputs", "#1f77b4"), ("2 replicate weights", "#2ca02c"),
+             ("3 gather outputs", "#9467bd"), ("4 reduce grads", "#d62728")]
+    for k, y in enumerate(ys, start=1):
+        _box(a, (7.2, y), f"device {k}\nthread {k}", "#D6EAF8")
+        out_ = k == 1
+        for j, (label, color) in enumerate(steps):
+            dy = (j - 1.5) * 0.14
+            to_dev = j < 2
+            s, e = ((2.2, dev0[1] + dy), (6.4, y + dy)) if to_dev else ((6.4, y + dy), (2.2, dev0[1] + dy))
+            _arrow(a, s, e, label if out_ else "", color, offset=(0.4 * (j - 1.5), 0.35 + 0.22 * j))
+    a.text(1.2, 0.9, "loss and backward start here;\nall weights re-sent each step", ha="center",
+           fontsize=7.5)
+    b.set_title("DistributedDataParallel: one process per device", fontsize=10)
+    angles = np.linspace(np.pi / 2, np.pi / 2 - 2 * np.pi, n, endpoint=False)
+    pts = [(4 + 3.2 * np.cos(t), 2.3 + 1.9 * np.sin(t)) for t in angles]
+    for r, p in enumerate(pts):
+        _box(b, p, f"process {r} / device {r}\nfull model, own\nbatch shard, optimizer",
+             RANK_COLORS[r % 8], w=2.4, h=1.0)
+    for r in range(n):
+        s, e = np.array(pts[r]), np.array(pts[(r + 1) % n])
+        d = (e - s) / np.linalg.norm(e - s)
+        _arrow(b, tuple(s + d * 1.1), tuple(e - d * 1.1), "", "#d62728", rad=0.15)
+    b.text(4, 2.3, "gradients all-reduced\nin buckets during backward\n(ring: 2(N-1)/N x size\nper device)",
+           ha="center", va="center", fontsize=8, color="#d62728")
+    fig.tight_layout()
+    return fig
+
+
+def bytes_curve(ns, dp_analytic, ddp_analytic, dp_counted, ddp_counted, param_mb: float):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(ns, np.array(dp_analytic) / 1e6, "-", color="#C44E52", label="DataParallel, device 0 (analytic)")
+    ax.plot(ns, np.array(dp_counted) / 1e6, "o", color="#C44E52", label="DataParallel (counted)")
+    ax.plot(ns, np.array(ddp_analytic) / 1e6, "-", color="#4C72B0", label="DDP ring, any device (analytic)")
+    ax.plot(ns, np.array(ddp_counted) / 1e6, "s", color="#4C72B0", label="DDP ring (counted)")
+    ax.set_xlabel("devices N")
+    ax.set_ylabel("MB in + out of the busiest device, per step")
+    ax.set_title(f"Traffic through the busiest device (model {param_mb:.2f} MB)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def step_time_bars(rows):
+    """rows: dicts with model, one_core_s, all_cores_s, compute_s, step_s (DDP)."""
+    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.8))
+    for ax, r in zip(np.atleast_1d(axes), rows):
+        labels = ["1 process\n1 core", "1 process\nall cores", "DDP\n2 ranks"]
+        ax.bar(labels[:2], [r["one_core_s"] * 1e3, r["all_cores_s"] * 1e3], color="#8C8C8C")
+        ax.bar(labels[2], r["compute_s"] * 1e3, color="#55A868", label="compute (no_sync)")
+        ax.bar(labels[2], max(r["step_s"] - r["compute_s"], 0) * 1e3, bottom=r["compute_s"] * 1e3,
+               color="#d62728", label="gradient sync not hidden")
+        ax.set_title(f"{r['model']}: {r['params'] / 1e6:.2f} M params, global batch {r['global_batch']}",
+                     fontsize=9)
+        ax.set_ylabel("ms per step (same global batch)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def bn_gaps(gaps_by_mode: dict):
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for mode, gaps in gaps_by_mode.items():
+        ax.plot(range(1, len(gaps) + 1), gaps, marker=".", label=mode)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("max |rank r - rank 0|")
+    ax.set_title("First BatchNorm's running mean as each forward starts, across ranks")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def index_grid(panels: dict, n: int):
+    """panels: title -> per-rank index lists. One row per panel, one column per sample;
+    the colour says which rank reads it, a cross marks a sample read twice, white none."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(min(14, 0.5 * n + 2), 1.1 * len(panels) + 0.6))
+    world = max(len(s) for s in panels.values())
+    cmap = ListedColormap(["white"] + RANK_COLORS[:world])
+    for ax, (title, shards) in zip(np.atleast_1d(axes), panels.items()):
+        owner, reads = np.zeros(n), np.zeros(n)
+        for r, shard in enumerate(shards):
+            for i in shard:
+                owner[i] = r + 1
+                reads[i] += 1
+        ax.imshow(owner[None, :], cmap=cmap, vmin=0, vmax=world, aspect="auto")
+        for i in np.where(reads > 1)[0]:
+            ax.text(i, 0, "x", ha="center", va="center", fontsize=12, weight="bold")
+        ax.set_yticks([])
+        ax.set_xticks(range(n))
+        ax.tick_params(labelsize=7)
+        ax.set_title(title, fontsize=9, loc="left")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=RANK_COLORS[r]) for r in range(world)]
+    fig.legend(handles, [f"rank {r}" for r in range(world)], loc="upper right", ncol=world, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig
+
+
+def epoch_orders(without: list, with_: list):
+    """Rank 0's index order per epoch, without and with set_epoch."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
+    for ax, orders, title in zip(axes, (without, with_), ("no set_epoch", "sampler.set_epoch(epoch)")):
+        for e, order in enumerate(orders):
+            ax.plot(order, marker="o", ms=3, lw=1, label=f"epoch {e}", alpha=0.8)
+        ax.set_title(f"rank 0's order, {title}", fontsize=9)
+        ax.set_xlabel("position in the epoch")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("sample index")
+    fig.tight_layout()
+    return fig
+
+
+def padded_accuracy(worlds, padded, exact):
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(worlds, np.array(padded) * 100, "o-", label="DistributedSampler (padded duplicates)")
+    ax.axhline(exact * 100, color="black", ls="--", label="every sample once (= one process)")
+    ax.set_xlabel("world size")
+    ax.set_ylabel("validation accuracy (%)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def straggler_idle(rows) -> float:
+    """Share of rank time spent idle waiting for the slowest rank's compute, step by step."""
+    by_step = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(r["compute_s"])
+    span = sum(max(c) * len(c) for c in by_step.values())
+    return sum(max(c) * len(c) - sum(c) for c in by_step.values()) / span if span else 0.0
+
+
+def straggler(records, samplers):
+    """Per-step compute seconds per rank, one panel per sampler."""
+    fig, axes = plt.subplots(1, len(samplers), figsize=(6 * len(samplers), 3.6), sharey=True)
+    for ax, name in zip(np.atleast_1d(axes), samplers):
+        rows = [r for r in records if r["sampler"] == name]
+        for rank in sorted({r["rank"] for r in rows}):
+            mine = sorted((r for r in rows if r["rank"] == rank), key=lambda r: r["step"])
+            ax.plot([r["step"] for r in mine], [r["compute_s"] * 1e3 for r in mine], marker=".",
+                    color=RANK_COLORS[rank], label=f"rank {rank} compute")
+        ax.set_title(f"{name}: {100 * straggler_idle(rows):.0f}% of rank time idle, waiting for the slowest",
+                     fontsize=9)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    np.atleast_1d(axes)[0].set_ylabel("ms of compute per step")
+    fig.tight_layout()
+    return fig
+
+
+def loader_bars(results, serial_s: float):
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    names = [r["config"] for r in results]
+    ax.barh(names, [r["total_s"] for r in results], color="#4C72B0")
+    ax.axvline(serial_s, color="black", ls="--", label="load + step one after the other")
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds for 2 epochs (lower is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,138 @@
+"""Pictures of an all-reduce in progress: an interactive stepper and a static strip.
+
+    from ddp_lab import widgets
+    widgets.ring_stepper(n=4)            # slider + play button over the steps (needs a kernel)
+    widgets.ring_strip(n=4)              # every step side by side (a plain figure: works on GitHub)
+
+Each rank sits on a circle and holds its tensor cut into chunks. A chunk is drawn
+as N thin stripes, one per rank: a stripe is coloured when that rank's numbers have
+been added into the chunk. Reduce-scatter fills one chunk per rank with all colours;
+all-gather copies the finished chunks round the ring. Arrows are this step's messages.
+"""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from ddp_lab import ring
+
+EMPTY = "#eeeeee"
+
+
+def rank_colors(n: int) -> list:
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def simulation(n: int = 4, algorithm: str = "ring") -> ring.Simulation:
+    """A small example: rank r holds the numbers 1..n times (r + 1); one element per chunk."""
+    tensors = [np.arange(1, n + 1, dtype=np.float64) * (r + 1) for r in range(n)]
+    return ring.simulate(tensors, algorithm)
+
+
+def _positions(n: int):
+    # Rank 0 at the top, clockwise, like the ring the messages travel.
+    angles = [math.pi / 2 - 2 * math.pi * r / n for r in range(n)]
+    return [(math.cos(a), math.sin(a)) for a in angles]
+
+
+def draw_step(ax, sim: ring.Simulation, step: int, small: bool = False) -> None:
+    """Draw the state after `step` steps (0 = the inputs) and the messages of that step."""
+    n, colors = sim.n, rank_colors(sim.n)
+    held = sim.holdings[step]
+    nchunks = len(held[0])
+    pos = _positions(n)
+    w, h = (0.95 if n <= 4 else 0.7), 0.3  # the rank's whole tensor: width w, height h
+    ax.set_xlim(-1.6, 1.6)
+    ax.set_ylim(-1.45, 1.55)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    for r, (x, y) in enumerate(pos):
+        cw = w / nchunks
+        for c in range(nchunks):
+            x0 = x - w / 2 + c * cw
+            for k in range(n):  # one stripe per contributing rank
+                colour = colors[k] if k in held[r][c] else EMPTY
+                ax.add_patch(Rectangle((x0 + k * cw / n, y - h / 2), cw / n, h, color=colour, lw=0))
+            ax.add_patch(Rectangle((x0, y - h / 2), cw, h, fill=False, ec="black", lw=0.8))
+        if not small:
+            ax.text(x, y + h / 2 + 0.05, f"rank {r}", ha="center", va="bottom", fontsize=9,
+                    color=colors[r], weight="bold")
+    if step > 0:
+        for m in sim.steps[step - 1]:
+            (x1, y1), (x2, y2) = pos[m.src], pos[m.dst]
+            arrow = FancyArrowPatch((x1, y1), (x2, y2), arrowstyle="-|>", mutation_scale=10,
+                                    shrinkA=22, shrinkB=22, connectionstyle="arc3,rad=-0.25",
+                                    color="black" if m.op == "reduce" else "tab:gray", lw=1.1)
+            ax.add_patch(arrow)
+            if not small and nchunks > 1:
+                mx, my = (x1 + x2) / 2, (y1 + y2) / 2
+                ax.text(mx * 1.25, my * 1.25, f"c{m.chunk}", fontsize=8, ha="center", va="center")
+        label = f"step {step}/{len(sim.steps)}: {sim.phases[step - 1]}"
+    else:
+        label = f"step 0/{len(sim.steps)}: inputs"
+    ax.set_title(label, fontsize=8 if small else 11)
+
+
+def ring_figure(sim: ring.Simulation, step: int, size: float = 4.6):
+    fig, ax = plt.subplots(figsize=(size, size))
+    draw_step(ax, sim, step)
+    sent = sum(m.nbytes for s in sim.steps[:step] for m in s)
+    ax.text(0, -1.4, f"{sim.algorithm}, N={sim.n}: {sent} bytes sent so far "
+            f"(black: add into the chunk, grey: copy)", ha="center", fontsize=8)
+    return fig
+
+
+def ring_strip(n: int = 4, algorithm: str = "ring", sim: ring.Simulation | None = None, per_row: int = 4):
+    """All steps as small multiples, for readers without a running kernel."""
+    sim = sim or simulation(n, algorithm)
+    panels = len(sim.steps) + 1
+    rows = math.ceil(panels / per_row)
+    cols = min(panels, per_row)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.7 * rows), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i < panels:
+            draw_step(ax, sim, i, small=True)
+        else:
+            ax.axis("off")
+    fig.suptitle(f"{sim.algorithm} all-reduce, N={sim.n}: each chunk's stripes show whose numbers it holds",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def ring_stepper(n: int = 4, algorithm: str = "ring"):
+    """Slider (and play button) over the steps; choose N and the algorithm. Needs ipywidgets."""
+    import ipywidgets as W
+    from IPython.display import display
+
+    algo = W.Dropdown(options=["ring", "ring_unchunked", "naive"], value=algorithm, description="algorithm")
+    ranks = W.IntSlider(value=n, min=2, max=8, description="N ranks")
+    step = W.IntSlider(value=0, min=0, max=1, description="step")
+    play = W.Play(value=0, min=0, max=1, interval=900, description="play")
+    W.jslink((play, "value"), (step, "value"))
+    out = W.Output(layout=W.Layout(min_height="480px"))
+    state = {"sim": None}
+
+    def rebuild(_=None):
+        state["sim"] = simulation(ranks.value, algo.value)
+        last = len(state["sim"].steps)
+        step.max = play.max = max(last, 1)
+        step.value = min(step.value, last)
+        redraw()
+
+    def redraw(_=None):
+        with out:
+            out.clear_output(wait=True)
+            fig = ring_figure(state["sim"], min(step.value, len(state["sim"].steps)))
+            display(fig)
+            plt.close(fig)
+
+    algo.observe(rebuild, "value")
+    ranks.observe(rebuild, "value")
+    step.observe(redraw, "value")
+    rebuild()
+    return W.VBox([W.HBox([algo, ranks]), W.HBox([play, step]), out])

@@ -1,0 +1,560 @@
+"""Train a classifier with DistributedDataParallel: one file, 1 CPU to N GPUs on N nodes.
+
+Run recipe (the same file, unchanged, in every setting):
+
+    # one process (world size 1; CPU or one GPU)
+    python scripts/train_ddp.py --epochs 3 --metrics-out runs/m.jsonl
+
+    # N processes on this machine (N GPUs, or N CPU processes over gloo)
+    torchrun --standalone --nproc_per_node=4 scripts/train_ddp.py --ckpt-dir runs/ckpt
+
+    # two nodes, 8 GPUs each: run this on both, NODE_RANK=0 on the head node, 1 on the other
+    torchrun --nnodes=2 --node_rank=$NODE_RANK --nproc_per_node=8 \
+        --master_addr=HEAD_HOSTNAME --master_port=29500 \
+        scripts/train_ddp.py --dataset imagefolder --data-dir /data/imagenet --model resnet18
+
+    # SLURM: sbatch scripts/slurm_ddp.sbatch   (one torchrun per node, see that file)
+
+    # survive a crash: torchrun restarts the workers, --resume auto continues from last.pt
+    torchrun --standalone --nproc_per_node=2 --max-restarts=1 scripts/train_ddp.py \
+        --ckpt-dir runs/ckpt --save-every 10 --crash-at-step 15
+
+What it gets right (each one a classic DDP bug when missing):
+- backend from the device (nccl with CUDA, else gloo), a timeout on init and every collective;
+- the global rank shards data, the local rank picks the GPU (they differ on multi-node);
+- the same seed on every rank, DistributedSampler.set_epoch every epoch;
+- gradient accumulation with no_sync() on every micro-step but the last;
+- losses and accuracy all-reduced before printing (not rank 0's own numbers);
+- evaluation counts every validation sample exactly once (no sampler padding);
+- rank 0 saves the full training state atomically (temp file, then rename), then a barrier;
+- resume continues mid-epoch at the exact batch, so crash + restart == uninterrupted run.
+
+Metrics (--metrics-out, JSON lines appended by rank 0, each with "kind" and "attempt"):
+config, train, eval, ckpt, resume, final. See docs/train_ddp.md.
+Needs only torch (torchvision for resnet18/cifar10/imagefolder; scikit-learn for digits).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import hashlib
+import json
+import math
+import os
+import random
+import signal
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    a = p.add_argument
+    a("--dataset", default="digits", choices=["digits", "synthetic", "cifar10", "imagefolder"])
+    a("--data-dir", default="data", help="cifar10 root, or an imagefolder with train/ and val/")
+    a("--download", action="store_true", help="cifar10: download if missing (rank 0 only)")
+    a("--synthetic-shape", default="3,32,32", help="synthetic: C,H,W of the random images")
+    a("--synthetic-size", type=int, default=4096, help="synthetic: number of training samples")
+    a("--model", default="mlp", choices=["mlp", "cnn", "resnet18", "wide_mlp"])
+    a("--hidden", type=int, default=None, help="mlp width (64) / wide_mlp width (2048)")
+    a("--batch-norm", action="store_true", help="cnn: add BatchNorm2d after each conv")
+    a("--sync-bn", action="store_true", help="convert BatchNorm to SyncBatchNorm (CUDA only)")
+    a("--epochs", type=int, default=3)
+    a("--max-steps", type=int, default=None, help="stop after this many optimizer steps "
+      "(the LR schedule still spans --epochs, so a stopped run resumes exactly)")
+    a("--batch-size", type=int, default=32, help="per rank, per micro-step")
+    a("--accum-steps", type=int, default=1, help="micro-steps per optimizer step")
+    a("--optimizer", default="sgd", choices=["sgd", "adamw"])
+    a("--lr", type=float, default=0.05, help="for one process with --batch-size")
+    a("--lr-scaling", default="none", choices=["none", "linear"],
+      help="linear: lr x world_size x accum_steps (Goyal et al. 2017)")
+    a("--lr-schedule", default="cosine", choices=["cosine", "constant"])
+    a("--warmup-epochs", type=float, default=0.0)
+    a("--weight-decay", type=float, default=0.0)
+    a("--seed", type=int, default=0)
+    a("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    a("--grad-compression", default="none", choices=["none", "fp16", "bf16"])
+    a("--bucket-cap-mb", type=float, default=25.0)
+    a("--compile", action="store_true", help="torch.compile the DDP model")
+    a("--count-comm", action="store_true", help="count gradient all-reduce calls (a comm hook)")
+    a("--ckpt-dir", default=None)
+    a("--save-every", type=int, default=100, help="steps between checkpoints")
+    a("--resume", default="auto", help="auto (D/last.pt if it exists) | PATH | none")
+    a("--crash-at-step", type=int, default=None, help="teaching: die after this step, 1st attempt")
+    a("--metrics-out", default=None, help="JSON lines file (appended, rank 0)")
+    a("--log-every", type=int, default=10, help="steps between train records")
+    a("--num-workers", type=int, default=0)
+    a("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    a("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    a("--timeout", type=float, default=300.0, help="seconds for init and each collective")
+    a("--progress", default="auto", choices=["auto", "on", "off"], help="tqdm bar on rank 0")
+    return p.parse_args(argv)
+
+
+class UsageError(Exception):
+    """Bad input: rank 0 prints one message, every rank exits with code 2, no traceback."""
+
+
+def validate(args) -> None:
+    """Checks that need nothing but the arguments: every rank reaches the same verdict."""
+    for name in ("batch_size", "epochs", "accum_steps", "save_every", "log_every"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    for name in ("max_steps", "crash_at_step"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    if args.lr <= 0:
+        raise UsageError(f"--lr must be positive (got {args.lr})")
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda but no CUDA device is visible: use --device auto or cpu")
+    if args.sync_bn and not cuda:
+        raise UsageError("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel): drop --sync-bn on CPU; "
+                         "DDP's default broadcast_buffers=True keeps BatchNorm stats equal across ranks")
+    if args.dataset == "imagefolder":
+        for split in ("train", "val"):
+            if not os.path.isdir(os.path.join(args.data_dir, split)):
+                raise UsageError(f"--data-dir {args.data_dir!r} has no {split}/ folder: imagefolder "
+                                 "expects DATA_DIR/train/CLASS/*.jpg and DATA_DIR/val/CLASS/*.jpg")
+    if args.resume not in ("auto", "none") and not os.path.isfile(args.resume):
+        raise UsageError(f"--resume {args.resume!r}: no such file (use auto, none or a checkpoint path)")
+    if args.precision == "fp16" and not cuda and int(os.environ.get("RANK", 0)) == 0:
+        print("warning: --precision fp16 on a CPU is very slow (about 60x slower than fp32 here); "
+              "use --precision bf16 on CPU", file=sys.stderr, flush=True)
+
+
+def agree(error: str | None) -> None:
+    """Every rank calls this; if any rank found a problem, all raise the same UsageError."""
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e), None)
+    if first:
+        raise UsageError(first)
+
+
+# ---------------------------------------------------------------- distributed setup
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup(args):
+    """Join torchrun's group, or make a world of one so the same code runs unlaunched."""
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # picks the GPU; the global rank shards data
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda:  # before init, so NCCL binds each process to its own GPU, not all to GPU 0
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    backend = args.backend if args.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    timeout = datetime.timedelta(seconds=args.timeout)  # a lost rank fails loudly, never hangs
+    if "RANK" in os.environ:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
+                                rank=0, world_size=1, timeout=timeout)
+    return rank, world_size, local_rank, device, backend
+
+
+# ---------------------------------------------------------------- data
+def load_digits_split():
+    """scikit-learn's bundled digits: the same seeded split as the workbook (297 val, 1500 train)."""
+    from sklearn.datasets import load_digits  # lazy: the only non-torch import, digits only
+
+    d = load_digits()
+    X = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(d.target, dtype=torch.long)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    X, y = X[order], y[order]
+    return TensorDataset(X[297:], y[297:]), TensorDataset(X[:297], y[:297]), (1, 8, 8), 10
+
+
+def build_data(args, rank):
+    if args.dataset == "digits":
+        return load_digits_split()
+    if args.dataset == "synthetic":
+        shape = tuple(int(s) for s in args.synthetic_shape.split(","))
+        g = torch.Generator().manual_seed(1234)  # same data on every rank, unrelated to --seed
+        n, n_val = args.synthetic_size, max(1, args.synthetic_size // 8)
+        X, y = torch.randn(n + n_val, *shape, generator=g), torch.randint(0, 10, (n + n_val,), generator=g)
+        return TensorDataset(X[:n], y[:n]), TensorDataset(X[n:], y[n:]), shape, 10
+    import torchvision.transforms as T  # lazy: importing torchvision costs seconds
+    from torchvision import datasets
+
+    if args.dataset == "cifar10":
+        norm = T.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+        train_tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+        if args.download and rank == 0:  # one download, not one per rank racing on the same files
+            datasets.CIFAR10(args.data_dir, train=True, download=True)
+            datasets.CIFAR10(args.data_dir, train=False, download=True)
+        dist.barrier()
+        try:
+            train = datasets.CIFAR10(args.data_dir, train=True, transform=train_tf)
+            val = datasets.CIFAR10(args.data_dir, train=False, transform=T.Compose([T.ToTensor(), norm]))
+        except RuntimeError:
+            raise UsageError(f"CIFAR-10 not found under --data-dir {args.data_dir!r}: add --download "
+                             "or point --data-dir at the folder holding cifar-10-batches-py") from None
+        return train, val, (3, 32, 32), 10
+    norm = T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    train = datasets.ImageFolder(os.path.join(args.data_dir, "train"), T.Compose(
+        [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm]))
+    val = datasets.ImageFolder(os.path.join(args.data_dir, "val"), T.Compose(
+        [T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm]))
+    return train, val, (3, 224, 224), len(train.classes)
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can start mid-epoch: skip the samples a checkpoint already used."""
+
+    skip = 0  # samples of this rank's shard to skip in the current epoch (set before iterating)
+
+    def __iter__(self):
+        return iter(list(super().__iter__())[self.skip:])
+
+    def __len__(self):
+        return self.num_samples - self.skip
+
+
+def eval_shard(n: int, rank: int, world_size: int) -> range:
+    """Validation indices of one rank: every sample on exactly one rank, no padding duplicates."""
+    return range(rank, n, world_size)
+
+
+# ---------------------------------------------------------------- model
+def build_model(args, shape, classes):
+    c, h, w = shape
+    if args.model in ("mlp", "wide_mlp"):  # same layers as ddp_lab.models.mlp / wide_mlp
+        width, depth = args.hidden or (64 if args.model == "mlp" else 2048), 1 if args.model == "mlp" else 3
+        layers, d = [nn.Flatten()], c * h * w
+        for _ in range(depth):
+            layers += [nn.Linear(d, width), nn.ReLU()]
+            d = width
+        return nn.Sequential(*layers, nn.Linear(d, classes))
+    if args.model == "cnn":  # same layers (and state_dict keys) as ddp_lab.models.cnn
+        norm = nn.BatchNorm2d if args.batch_norm else (lambda ch: nn.Identity())
+        return nn.Sequential(
+            nn.Conv2d(c, 32, 3, padding=1), norm(32), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1), norm(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(64 * (h // 2) * (w // 2), 128), nn.ReLU(), nn.Linear(128, classes))
+    import torchvision  # lazy
+
+    model = torchvision.models.resnet18(weights=None, num_classes=classes)
+    if c != 3 or h < 64:  # small images: a 3x3 stem without the max-pool keeps spatial detail
+        model.conv1 = nn.Conv2d(c, 64, 3, 1, 1, bias=False)
+        model.maxpool = nn.Identity()
+    return model
+
+
+def params_sha256(model: nn.Module) -> str:
+    """sha256 over every state_dict tensor's bytes, in state_dict order: bitwise equality, cheaply."""
+    h = hashlib.sha256()
+    for t in model.state_dict().values():
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- checkpoints and metrics
+def save_checkpoint(path: str, state: dict) -> None:
+    """Temp file in the same folder, fsync, then rename: a kill mid-write leaves last.pt intact."""
+    tmp = path + ".tmp"
+    torch.save(state, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old or the new file
+
+
+def check_writable(folder: str) -> str | None:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".write_probe_{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        return (f"--ckpt-dir {folder!r} is not writable ({e.strerror}): choose a folder you can "
+                "write, or drop --ckpt-dir")
+    return None
+
+
+def load_checkpoint(path: str, args, device, model: nn.Module):
+    try:  # weights_only: a checkpoint is data, never code to run
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:
+        return None, f"cannot read checkpoint {path!r} ({type(e).__name__}): delete it or pass --resume none"
+    old = ckpt.get("config", {}).get("model")
+    msg = (f"checkpoint {path!r} was written by --model {old}"
+           f"{' --batch-norm' if ckpt.get('config', {}).get('batch_norm') else ''} and does not fit "
+           f"--model {args.model}{' --batch-norm' if args.batch_norm else ''}: pass the same model flags, "
+           "another --ckpt-dir, or --resume none")
+    if old != args.model:
+        return None, msg
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError:
+        return None, msg
+    return ckpt, None
+
+
+class Metrics:
+    """JSON lines on rank 0, appended so a torchrun restart adds to the same file."""
+
+    def __init__(self, path, enabled, attempt):
+        self.attempt, self.f = attempt, None
+        if path and enabled:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self.f = open(path, "a", encoding="utf-8")
+
+    def write(self, kind, **fields):
+        if self.f:
+            self.f.write(json.dumps({"kind": kind, "attempt": self.attempt, **fields}) + "\n")
+            self.f.flush()  # a crash must not lose what was already reported
+
+
+def progress_bar(total, initial, enabled):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm  # optional: a bar when a terminal is attached, plain lines otherwise
+    except ImportError:
+        return None
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+
+# ---------------------------------------------------------------- training
+def train(args, rank, world_size, device, backend):
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)
+    is_main = rank == 0
+    train_set, val_set, shape, classes = build_data(args, rank)
+    err = None
+    if world_size > len(train_set):
+        err = (f"{world_size} ranks but only {len(train_set)} training samples: every rank needs at "
+               "least one; use fewer processes (--nproc_per_node) or more data")
+    elif args.ckpt_dir and is_main:
+        err = check_writable(args.ckpt_dir)
+    agree(err)
+
+    torch.manual_seed(args.seed)  # identical init on every rank (DDP also broadcasts rank 0's)
+    random.seed(args.seed)
+    model = build_model(args, shape, classes).to(device)
+    raw_model = model  # the unwrapped model: what checkpoints and hashes hold
+    if args.sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        raw_model = model
+
+    sampler = ResumableSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
+                        num_workers=args.num_workers, pin_memory=device.type == "cuda",
+                        generator=torch.Generator().manual_seed(args.seed))
+    batches_per_epoch = math.ceil(sampler.num_samples / args.batch_size)
+    steps_per_epoch = math.ceil(batches_per_epoch / args.accum_steps)
+    total_steps = args.epochs * steps_per_epoch  # the schedule's length; --max-steps only stops early
+    scale = world_size * args.accum_steps if args.lr_scaling == "linear" else 1
+    lr = args.lr * scale
+    if args.optimizer == "sgd":
+        optimizer = torch.optim.SGD(raw_model.parameters(), lr=lr, momentum=0.9,
+                                    weight_decay=args.weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(raw_model.parameters(), lr=lr, weight_decay=args.weight_decay)
+    warmup = int(args.warmup_epochs * steps_per_epoch)
+
+    def lr_factor(s):  # linear warmup, then constant or cosine down to 0 at total_steps
+        if s < warmup:
+            return (s + 1) / warmup
+        if args.lr_schedule == "constant":
+            return 1.0
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, total_steps - warmup))))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    # fp16 needs loss scaling (its small range underflows gradients); bf16 has fp32's range.
+    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+
+    # Resume before DDP wraps the model: DDP broadcasts rank 0's weights at construction.
+    epoch, batch_in_epoch, step = 0, 0, 0
+    path = args.resume if args.resume not in ("auto", "none") else None
+    if args.resume == "auto" and args.ckpt_dir and os.path.isfile(os.path.join(args.ckpt_dir, "last.pt")):
+        path = os.path.join(args.ckpt_dir, "last.pt")
+    ckpt = None
+    if path:
+        ckpt, err = load_checkpoint(path, args, device, raw_model)
+        agree(err)
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        scaler.load_state_dict(ckpt["scaler"])
+        epoch, batch_in_epoch, step = ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"]
+        same_layout = all(ckpt["config"].get(k) == v for k, v in
+                          (("world_size", world_size), ("batch_size", args.batch_size),
+                           ("accum_steps", args.accum_steps)))
+        if not same_layout:  # another sharding: the old position means other samples now
+            if is_main:
+                print(f"resume: world size / batch size / accumulation changed; epoch {epoch} restarts")
+            batch_in_epoch = 0
+        torch.set_rng_state(ckpt["rng"]["torch"].cpu())
+        random.setstate(ckpt["rng"]["python"])
+        if device.type == "cuda" and ckpt["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu())
+
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                    bucket_cap_mb=args.bucket_cap_mb)
+    comm_calls = [0]
+    if args.grad_compression != "none" or args.count_comm:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
+        base = {"none": hooks.allreduce_hook, "fp16": hooks.fp16_compress_hook,
+                "bf16": hooks.bf16_compress_hook}[args.grad_compression]
+
+        def hook(state, bucket):  # one call per gradient bucket per synchronizing backward
+            comm_calls[0] += 1
+            return base(state, bucket)
+
+        ddp_model.register_comm_hook(None, hook if args.count_comm else base)
+    model = torch.compile(ddp_model) if args.compile else ddp_model
+
+    metrics = Metrics(args.metrics_out, is_main, attempt)
+    effective_batch = args.batch_size * world_size * args.accum_steps
+    if is_main:
+        print(f"world_size={world_size} backend={backend} device={device} model={args.model} "
+              f"effective batch={args.batch_size} x {world_size} ranks x {args.accum_steps} accum "
+              f"= {effective_batch}, lr={lr:g}, {steps_per_epoch} steps/epoch", flush=True)
+    metrics.write("config", **{**vars(args), "backend": backend, "device": str(device)},
+                  world_size=world_size, effective_batch=effective_batch, lr_effective=lr, steps_per_epoch=steps_per_epoch,
+                  total_steps=total_steps)
+    if ckpt is not None:
+        metrics.write("resume", step=step, epoch=epoch, path=path)
+        if is_main:
+            print(f"resumed from {path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
+
+    val_idx = eval_shard(len(val_set), rank, world_size)
+    val_loader = DataLoader(Subset(val_set, list(val_idx)), batch_size=256, num_workers=args.num_workers)
+    last_pt = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
+
+    def save(epoch, batch_in_epoch):
+        if is_main:
+            save_checkpoint(last_pt, {
+                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+                "epoch": epoch, "batch_in_epoch": batch_in_epoch, "step": step,
+                "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                        "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None},
+                "config": {**vars(args), "world_size": world_size}})
+            metrics.write("ckpt", step=step, path=last_pt)
+        dist.barrier()  # nobody runs ahead (or exits) before the checkpoint is complete
+
+    def evaluate(epoch):
+        raw_model.eval()  # the unwrapped model: ranks may hold different batch counts here
+        stats = torch.zeros(3, dtype=torch.float64, device=device)  # [loss sum, correct, count]
+        with torch.no_grad(), torch.autocast(device.type, amp_dtype, enabled=amp_dtype is not None):
+            for x, y in val_loader:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                out = raw_model(x)
+                stats += torch.stack([F.cross_entropy(out.float(), y, reduction="sum").double(),
+                                      (out.argmax(1) == y).sum().double(), torch.tensor(
+                                          float(len(y)), dtype=torch.float64, device=device)])
+        dist.all_reduce(stats)  # global numbers, not rank 0's shard
+        raw_model.train()
+        loss, acc, count = (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item(), int(stats[2].item())
+        metrics.write("eval", epoch=epoch, step=step, loss=loss, acc=acc, count=count)
+        if is_main:
+            print(f"eval epoch {epoch} step {step}: loss {loss:.4f} acc {acc:.4f} ({count} samples)")
+
+    max_steps = args.max_steps or total_steps
+    show_bar = is_main and (args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty()))
+    bar = progress_bar(min(max_steps, total_steps), step, show_bar)
+    window = torch.zeros(3, dtype=torch.float64, device=device)  # [sum of step losses, steps, samples]
+    t_window, last_saved = time.perf_counter(), (step if ckpt is not None else -1)
+    model.train()
+    while epoch < args.epochs and step < max_steps:
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        sampler.skip = batch_in_epoch * args.batch_size
+        i = batch_in_epoch
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            group_start = i - i % args.accum_steps
+            group = min(args.accum_steps, batches_per_epoch - group_start)  # the epoch's tail may be short
+            sync = i + 1 == group_start + group  # all-reduce gradients on the group's last micro-step only
+            with contextlib.nullcontext() if sync else ddp_model.no_sync():
+                with torch.autocast(device.type, amp_dtype, enabled=amp_dtype is not None):
+                    loss = F.cross_entropy(model(x), y)
+                scaler.scale(loss / group).backward()
+            window[0] += loss.detach().double() / group
+            window[2] += len(y)
+            i += 1
+            if not sync:
+                continue
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            step += 1
+            window[1] += 1
+            if bar:
+                bar.update(1)
+            if step % args.log_every == 0 or step == max_steps:
+                dist.all_reduce(window)  # global mean loss over the window, global samples
+                dt = time.perf_counter() - t_window
+                rec = dict(step=step, epoch=epoch, loss=(window[0] / window[1] / world_size).item(),
+                           lr=scheduler.get_last_lr()[0], samples_per_s=window[2].item() / dt)
+                metrics.write("train", **rec)
+                if bar:
+                    bar.set_postfix(loss=f"{rec['loss']:.4f}", epoch=epoch)
+                elif is_main:
+                    print(f"step {step} epoch {epoch} loss {rec['loss']:.4f} lr {rec['lr']:.4g} "
+                          f"{rec['samples_per_s']:.0f} samples/s", flush=True)
+                window.zero_()
+                t_window = time.perf_counter()
+            if last_pt and step % args.save_every == 0:
+                save(epoch, i)
+                last_saved = step
+            if args.crash_at_step == step and attempt == 0 and is_main:
+                # SIGKILL, not an exception: nothing in Python runs (no finally, no flush), as when
+                # the OOM killer or a dead node takes a worker. Rank 0 only: torchrun notices the
+                # lost worker, stops the others and restarts every rank.
+                print(f"crash-at-step {step}: killing rank 0 (attempt {attempt})", flush=True)
+                os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
+            if step >= max_steps:
+                break
+        evaluate(epoch)  # after every epoch, and where --max-steps stopped mid-epoch
+        if i >= batches_per_epoch:
+            epoch, batch_in_epoch = epoch + 1, 0
+        else:
+            batch_in_epoch = i
+    if bar:
+        bar.close()
+    if last_pt and last_saved != step:
+        save(epoch, batch_in_epoch)
+    final = {"step": step, "params_sha256": params_sha256(raw_model)}
+    if args.count_comm:
+        final["comm_calls"] = comm_calls[0]
+    metrics.write("final", **final)
+    if is_main:
+        print(f"done: step {step}, params sha256 {final['params_sha256'][:16]}...", flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        validate(args)
+        rank, world_size, _, device, backend = setup(args)
+        try:  # train() returns first, so DDP and its hooks are gone before the group is destroyed
+            train(args, rank, world_size, device, backend)
+        finally:
+            dist.destroy_process_group()
+    except UsageError as e:
+        if int(os.environ.get("RANK", 0)) == 0:  # one message, not one per rank
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""Stands in for a notebook kernel: launches a program and waits (tests kill or interrupt it)."""
+import sys
+
+from ddp_lab import launch
+
+program, marker = sys.argv[1], sys.argv[2]
+timeout = float(sys.argv[3]) if len(sys.argv) > 3 else 300
+try:
+    launch.torchrun(program, nproc=2, args=[marker], timeout=timeout, stream=False)
+except KeyboardInterrupt:
+    sys.exit(130)
+except launch.LaunchError as e:
+    print("LaunchError:", e, flush=True)
+    sys.exit(2)

@@ -1,0 +1,64 @@
+"""The alpha-beta model: formulas agree with the simulated schedules, and the fit recovers them."""
+import numpy as np
+import pytest
+
+from ddp_lab import costmodel, ring
+
+ALPHA, BETA = 1.5e-3, 1e-9
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
+def test_ring_and_naive_formulas_equal_the_simulated_schedules(n):
+    numel = 4096 * n  # divisible: no chunk rounding
+    S = numel * 4
+    for name in ("ring", "naive"):
+        sim = ring.simulate([np.zeros(numel, dtype=np.float32)] * n, name)
+        assert costmodel.from_steps(sim, ALPHA, BETA) == pytest.approx(
+            float(costmodel.MODELS[name](S, n, ALPHA, BETA)), rel=1e-12)
+
+
+def test_fit_recovers_alpha_and_beta_from_exact_times():
+    sizes = 4 ** np.arange(5, 13)
+    for n in (2, 4, 8):
+        t = costmodel.ring(sizes, n, ALPHA, BETA)
+        a, b = costmodel.fit(sizes, t, n)
+        assert a == pytest.approx(ALPHA, rel=1e-6) and b == pytest.approx(BETA, rel=1e-6)
+        assert costmodel.relative_error(costmodel.ring(sizes, n, a, b), t).max() < 1e-6
+
+
+def test_fit_with_noise_beats_one_term_models():
+    rng = np.random.default_rng(0)
+    sizes = 4 ** np.arange(6, 13)
+    t = costmodel.ring(sizes, 2, ALPHA, BETA) * rng.uniform(0.9, 1.1, sizes.size)
+    a, b = costmodel.fit(sizes, t, 2)
+    err2 = costmodel.relative_error(costmodel.ring(sizes, 2, a, b), t).mean()
+    only_a = costmodel.fit_one_term(sizes, t, 2, "alpha")
+    only_b = costmodel.fit_one_term(sizes, t, 2, "beta")
+    assert err2 < costmodel.relative_error(costmodel.ring(sizes, 2, only_a, 0), t).mean()
+    assert err2 < costmodel.relative_error(costmodel.ring(sizes, 2, 0, only_b), t).mean()
+
+
+def test_busbw_is_flat_in_n_for_the_ring_and_algbw_is_not():
+    S = 2 ** 26
+    t = [costmodel.ring(S, n, 0.0, BETA) for n in (2, 4, 8, 64)]
+    bus = [costmodel.busbw(S, ti, n) for ti, n in zip(t, (2, 4, 8, 64))]
+    alg = [costmodel.algbw(S, ti) for ti in t]
+    assert np.allclose(bus, 1 / BETA)
+    assert alg[0] > alg[1] > alg[2] > alg[3]
+    assert alg[-1] == pytest.approx(0.5 / BETA * 64 / 63)
+
+
+def test_tree_wins_small_messages_on_many_ranks_ring_wins_big_ones():
+    n = 64
+    assert costmodel.tree(1024, n, ALPHA, BETA) < costmodel.ring(1024, n, ALPHA, BETA)
+    assert costmodel.ring(2 ** 30, n, ALPHA, BETA) < costmodel.tree(2 ** 30, n, ALPHA, BETA)
+    cross = costmodel.crossover_bytes(n, ALPHA, BETA)
+    assert costmodel.ring(cross, n, ALPHA, BETA) < costmodel.tree(cross, n, ALPHA, BETA)
+    assert costmodel.ring(cross / 2, n, ALPHA, BETA) >= costmodel.tree(cross / 2, n, ALPHA, BETA)
+    # Naive is never better than the ring for n > 2.
+    assert costmodel.naive(2 ** 20, 8, ALPHA, BETA) > costmodel.ring(2 ** 20, 8, ALPHA, BETA)
+
+
+def test_fit_rejects_too_few_points():
+    with pytest.raises(ValueError, match="at least two"):
+        costmodel.fit([1024], [1e-3], 2)

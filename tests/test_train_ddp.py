@@ -1,0 +1,141 @@
+"""scripts/train_ddp.py under torchrun (gloo, 2 ranks): equivalence, metrics, evaluation, crash + restart.
+
+One reference launch (2 ranks x batch 64, 20 steps across an epoch boundary) is shared by the tests.
+"""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_lab import data, launch, models
+
+SCRIPT = Path(launch.script("train_ddp.py"))
+# 1500 training digits / 2 ranks / 64 per batch = 12 steps per epoch: 20 steps cross into epoch 1.
+COMMON = ["--batch-size", "64", "--max-steps", "20", "--log-every", "5", "--count-comm"]
+
+
+def read_metrics(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def load_module():
+    spec = importlib.util.spec_from_file_location("train_ddp_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # safe: the script only runs main() under __main__
+    return mod
+
+
+def single_process(*args, cwd):
+    proc = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ref2")
+    run = launch.torchrun("train_ddp.py", nproc=2, stream=False, args=[
+        *COMMON, "--ckpt-dir", d / "ckpt", "--metrics-out", d / "m.jsonl"])
+    return d, run, read_metrics(d / "m.jsonl")
+
+
+def final_state(ckpt_dir):
+    return torch.load(Path(ckpt_dir) / "last.pt", weights_only=True)["model"]
+
+
+def test_two_ranks_equal_one_process_with_double_batch(ref, tmp_path):
+    d, _, _ = ref
+    single_process("--batch-size", "128", "--max-steps", "20", "--ckpt-dir", tmp_path / "one", cwd=tmp_path)
+    two, one = final_state(d / "ckpt"), final_state(tmp_path / "one")
+    assert two.keys() == one.keys()
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=0, atol=1e-5, msg=f"{k} differs")
+    # and training really moved the weights (an untrained model would also "agree")
+    torch.manual_seed(0)
+    fresh = models.mlp().state_dict()
+    assert any((fresh[k] - one[k]).abs().max() > 1e-2 for k in one)
+
+
+def test_metrics_records(ref):
+    _, run, recs = ref
+    assert {r["attempt"] for r in recs} == {0}
+    config = [r for r in recs if r["kind"] == "config"]
+    assert len(config) == 1 and config[0]["world_size"] == 2 and config[0]["effective_batch"] == 128
+    assert config[0]["steps_per_epoch"] == 12 and config[0]["batch_size"] == 64
+    train = [r for r in recs if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [5, 10, 15, 20]
+    assert [r["epoch"] for r in train] == [0, 0, 1, 1]
+    assert all(0 < r["loss"] < 3 and r["lr"] > 0 and r["samples_per_s"] > 0 for r in train)
+    assert train[-1]["loss"] < train[0]["loss"]
+    # eval after epoch 0 (step 12) and where --max-steps stopped (step 20)
+    evals = [r for r in recs if r["kind"] == "eval"]
+    assert [(r["epoch"], r["step"]) for r in evals] == [(0, 12), (1, 20)]
+    final = [r for r in recs if r["kind"] == "final"]
+    assert len(final) == 1 and final[0]["step"] == 20 and len(final[0]["params_sha256"]) == 64
+    # one gradient bucket (the mlp is 19 KB), one all-reduce per step
+    assert final[0]["comm_calls"] == 20
+    assert [r["step"] for r in recs if r["kind"] == "ckpt"] == [20]
+    # rank 0 prints the (global) numbers; rank 1 prints none
+    assert any("effective batch=64 x 2 ranks x 1 accum = 128" in line for line in run.rank_lines[0])
+    assert not any(line.startswith(("step ", "eval ")) for line in run.rank_lines.get(1, []))
+
+
+def test_distributed_eval_counts_every_sample_once(ref):
+    _, _, recs = ref
+    n_val = len(data.digits("val"))
+    assert n_val % 2 == 1  # 297: two ranks do not divide it
+    assert [r["count"] for r in recs if r["kind"] == "eval"] == [n_val, n_val]
+    shard = load_module().eval_shard
+    for n in (297, 10, 7, 3, 1):
+        for world in range(1, 9):
+            got = sorted(i for r in range(world) for i in shard(n, r, world))
+            assert got == list(range(n)), (n, world)
+
+
+def test_crash_then_restart_is_bitwise_identical(ref, tmp_path):
+    _, _, ref_recs = ref
+    m = tmp_path / "m.jsonl"
+    # Saves at 7 and 14; rank 0 is killed after step 15; attempt 1 resumes at step 14
+    # (epoch 1, batch 2: mid-epoch) and must replay step 15 exactly.
+    run = launch.torchrun("train_ddp.py", nproc=2, max_restarts=1, stream=False, args=[
+        *COMMON, "--ckpt-dir", tmp_path / "ckpt", "--save-every", "7", "--crash-at-step", "15",
+        "--metrics-out", m])
+    assert run.returncode == 0
+    assert "crash-at-step 15: killing rank 0 (attempt 0)" in run.log
+    recs = read_metrics(m)
+    a0 = [r for r in recs if r["attempt"] == 0]
+    a1 = [r for r in recs if r["attempt"] == 1]
+    assert [r["step"] for r in a0 if r["kind"] == "ckpt"] == [7, 14]
+    assert not any(r["kind"] == "final" for r in a0)
+    assert [(r["step"], r["epoch"]) for r in a1 if r["kind"] == "resume"] == [(14, 1)]
+    assert [r["kind"] for r in a1][:2] == ["config", "resume"]
+    final = [r for r in a1 if r["kind"] == "final"]
+    ref_final = [r for r in ref_recs if r["kind"] == "final"][0]
+    assert final[0]["step"] == 20
+    assert final[0]["params_sha256"] == ref_final["params_sha256"]
+    # both runs log steps 16-20 as one window: the same global loss, bit for bit
+    assert [r["loss"] for r in a1 if r["kind"] == "train" and r["step"] == 20] == \
+           [r["loss"] for r in ref_recs if r["kind"] == "train" and r["step"] == 20]
+
+
+def test_models_and_data_match_the_workbook():
+    mod = load_module()
+    X, y = data.digits_tensors("train")
+    train, val, shape, classes = mod.load_digits_split()
+    assert torch.equal(train.tensors[0], X) and torch.equal(train.tensors[1], y)
+    assert torch.equal(val.tensors[0], data.digits_tensors("val")[0]) and (shape, classes) == ((1, 8, 8), 10)
+    for flags, ref_model in ((["--model", "mlp"], lambda: models.mlp()),
+                             (["--model", "cnn"], lambda: models.cnn()),
+                             (["--model", "cnn", "--batch-norm"], lambda: models.cnn(batch_norm=True)),
+                             (["--model", "wide_mlp"], lambda: models.wide_mlp())):
+        torch.manual_seed(0)
+        mine = mod.build_model(mod.parse_args(flags), shape, classes).state_dict()
+        torch.manual_seed(0)
+        theirs = ref_model().state_dict()
+        assert mine.keys() == theirs.keys(), flags
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine), flags

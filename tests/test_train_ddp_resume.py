@@ -1,0 +1,120 @@
+"""scripts/train_ddp.py as one process: accumulation, resume, and a kill in the middle of a save."""
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from ddp_lab import launch
+
+SCRIPT = launch.script("train_ddp.py")
+
+
+def start(*args, cwd, program=None):
+    argv = [sys.executable, *( [program] if program else [SCRIPT]), *map(str, args)]
+    return subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, ok=True):
+    out, err = proc.communicate(timeout=300)
+    if ok:
+        assert proc.returncode == 0, err[-3000:]
+    return proc.returncode, out, err
+
+
+def metrics(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def final(path):
+    return next(r for r in metrics(path) if r["kind"] == "final")
+
+
+def test_accumulation_equals_big_batch_and_syncs_once_per_step(tmp_path):
+    # two runs side by side: 4 micro-batches of 8 vs one batch of 32, 20 optimizer steps each
+    runs = {k: start("--max-steps", 20, "--count-comm", "--ckpt-dir", tmp_path / f"k{k}",
+                     "--metrics-out", tmp_path / f"k{k}.jsonl", "--batch-size", 32 // k,
+                     "--accum-steps", k, cwd=tmp_path) for k in (1, 4)}
+    for p in runs.values():
+        finish(p)
+    a = torch.load(tmp_path / "k1" / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "k4" / "last.pt", weights_only=True)["model"]
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5, msg=f"{k} differs")
+    cfg = next(r for r in metrics(tmp_path / "k4.jsonl") if r["kind"] == "config")
+    assert cfg["effective_batch"] == 32 and cfg["accum_steps"] == 4
+    # 80 micro-steps, K = 4: no_sync leaves 80 / 4 = 20 gradient all-reduces (one bucket each)
+    assert final(tmp_path / "k4.jsonl")["comm_calls"] == 80 // 4
+    assert final(tmp_path / "k1.jsonl")["comm_calls"] == 20
+
+
+def test_two_epochs_equal_one_epoch_then_resume(tmp_path):
+    # batch 64: 24 steps per epoch. --max-steps 24 stops exactly after epoch 0.
+    common = ["--epochs", 2, "--batch-size", 64, "--log-every", 8]
+    straight = start(*common, "--metrics-out", tmp_path / "straight.jsonl", cwd=tmp_path)
+    first = start(*common, "--max-steps", 24, "--ckpt-dir", tmp_path / "ck",
+                  "--metrics-out", tmp_path / "resumed.jsonl", cwd=tmp_path)
+    finish(first)
+    finish(start(*common, "--ckpt-dir", tmp_path / "ck", "--metrics-out", tmp_path / "resumed.jsonl",
+                 cwd=tmp_path))
+    finish(straight)
+    recs = metrics(tmp_path / "resumed.jsonl")
+    assert [(r["step"], r["epoch"]) for r in recs if r["kind"] == "resume"] == [(24, 1)]
+    finals = [r for r in recs if r["kind"] == "final"]
+    assert [r["step"] for r in finals] == [24, 48]
+    assert finals[-1]["params_sha256"] == final(tmp_path / "straight.jsonl")["params_sha256"]
+    assert finals[0]["params_sha256"] != finals[-1]["params_sha256"]  # the second run did train
+    # the resumed run continues the schedule: its step-32 record equals the straight run's
+    lr = lambda rs: [r["lr"] for r in rs if r["kind"] == "train" and r["step"] == 32]
+    assert lr(recs) == lr(metrics(tmp_path / "straight.jsonl")) and len(lr(recs)) == 1
+
+
+DYING_SAVE = """
+import io, os, signal, sys, runpy, torch
+real_save = torch.save
+def dying_save(obj, f, *args, **kwargs):  # write half the checkpoint, then die like a killed job
+    buf = io.BytesIO()
+    real_save(obj, buf, *args, **kwargs)
+    with open(f, "wb") as out:
+        out.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+        out.flush()
+        os.fsync(out.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)
+torch.save = dying_save
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_kill_while_saving_leaves_previous_checkpoint_loadable(tmp_path):
+    ck = tmp_path / "ck"
+    finish(start("--max-steps", 5, "--ckpt-dir", ck, cwd=tmp_path))
+    before = (ck / "last.pt").read_bytes()
+
+    (tmp_path / "dying.py").write_text(DYING_SAVE)
+    proc = start(SCRIPT, "--max-steps", 10, "--save-every", 2, "--ckpt-dir", ck, cwd=tmp_path,
+                 program=str(tmp_path / "dying.py"))
+    code, out, _ = finish(proc, ok=False)
+    assert code == -signal.SIGKILL
+    assert "resumed from" in out  # it loaded step 5, trained step 6, died saving it
+    partial = ck / "last.pt.tmp"
+    assert partial.exists() and 0 < partial.stat().st_size < len(before) * 0.75
+    try:
+        torch.load(partial, weights_only=True)
+        raise AssertionError("the half-written file should not load")
+    except AssertionError:
+        raise
+    except Exception:
+        pass
+    assert (ck / "last.pt").read_bytes() == before  # the previous checkpoint, untouched
+    assert torch.load(ck / "last.pt", weights_only=True)["step"] == 5
+
+    # and the next run resumes from it and finishes
+    finish(start("--max-steps", 10, "--ckpt-dir", ck, "--metrics-out", tmp_path / "m.jsonl", cwd=tmp_path))
+    recs = metrics(tmp_path / "m.jsonl")
+    assert [r["step"] for r in recs if r["kind"] == "resume"] == [5]
+    assert final(tmp_path / "m.jsonl")["step"] == 10
+    assert not partial.exists()  # the next save replaced the torn temp file
