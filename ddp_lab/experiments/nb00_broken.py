@@ -1,0 +1,11 @@
+"""A program with a bug on one rank, to see what a failed launch looks like."""
+import torch
+import torch.distributed as dist
+
+from ddp_lab import runtime
+
+with runtime.distributed() as ctx:
+    x = torch.ones(3 if ctx.rank == 0 else 4)  # rank 1 built the wrong shape...
+    if x.numel() != 3:
+        raise ValueError(f"rank {ctx.rank}: expected 3 values, got {x.numel()} (check the data shard)")
+    dist.all_reduce(x)
