@@ -183,14 +183,17 @@ def saved_activation_bytes(model: nn.Module, x, y, precision: str = "fp32",
     """Bytes autograd keeps for backward during one forward, by dtype.
 
     saved_tensors_hooks sees every tensor an op saves for its backward; we count
-    each storage once (a view and its base share memory). Works on the CPU,
-    where torch.cuda.max_memory_allocated cannot help.
+    each storage once (a view and its base share memory), and only the part
+    the saved tensor spans (a batch sliced from a dataset tensor is not the
+    whole dataset). Works on the CPU, where torch.cuda.max_memory_allocated
+    cannot help.
     """
     seen = {}
 
     def pack(t):
-        storage = t.untyped_storage()
-        seen[storage.data_ptr()] = (_short(t.dtype), storage.nbytes())
+        key = t.untyped_storage().data_ptr()
+        nbytes = t.numel() * t.element_size()
+        seen[key] = (_short(t.dtype), max(nbytes, seen.get(key, ("", 0))[1]))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -77,7 +77,6 @@ class BucketedDP:
         first = int(first_bucket_mb * MB) if first_bucket_mb else None
         self.buckets = assign(sizes, int(bucket_cap_mb * MB), first)
         self.bucket_of = {i: b for b, idx in enumerate(self.buckets) for i in idx}
-        self.events: list = []  # (bucket, launch time) for the timeline
         self._reset()
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._hook(i))
@@ -92,7 +91,6 @@ class BucketedDP:
             self.pending[b] -= 1
             if self.pending[b] == 0:  # NEW: the bucket's last gradient just arrived: send it now
                 flat = torch.cat([self.params[j].grad.reshape(-1) for j in self.buckets[b]])
-                self.events.append((b, time.perf_counter()))
                 self.works.append((b, flat, dist.all_reduce(flat, async_op=True)))
         return hook
 

@@ -8,9 +8,9 @@
 - clean_state_dict: strips the `module.` (DDP) and `_orig_mod.` (torch.compile) prefixes.
 - naive_save vs atomic_save: a crash during a naive save destroys the only checkpoint;
   temp file + fsync + os.replace keeps the previous one loadable. kill_mid_save proves it.
-- load_every_rank (what the seed's code does) vs load_on_rank0_and_broadcast (what its
+- load_every_rank (what the source article's code does) vs load_on_rank0_and_broadcast (what its
   comment says): N reads of shared storage vs one read plus a broadcast.
-- overhead / young_interval: how often to save (seed 000: "save every N steps").
+- overhead / young_interval: how often to save (the article: "save every N steps").
 """
 from __future__ import annotations
 
@@ -245,7 +245,7 @@ def counted_load(path, map_location="cpu") -> tuple[dict, int]:
 
 
 def load_every_rank(path, map_location="cpu") -> tuple[dict, int]:
-    """What seed 000's load_checkpoint really does: both branches of its `if` read the file,
+    """What the source article's load_checkpoint really does: both branches of its `if` read the file,
     so every rank hits shared storage (N readers; the file must exist on every node)."""
     return counted_load(path, map_location)
 

@@ -13,7 +13,7 @@ and prints, like nccl-tests:
     algbw = S / time
     busbw = algbw * 2(n-1)/n  (undoes the ring's 2(n-1)/n traffic factor: the link
                                speed, comparable across n; 0 for a world of one)
-Backend from the device: NCCL on GPUs, gloo on CPU. Uses only torch and the stdlib.
+Backend from the device: NCCL on GPUs (one per rank), gloo on CPU. Uses only torch and the stdlib.
 """
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=5, help="untimed calls per size first (default 5)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--json-out", default=None, help="rank 0 writes the results here as JSON")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="auto: GPUs with NCCL when every local rank has its own GPU, else CPU with gloo")
     args = p.parse_args(argv)
     problems = []
     if args.min_bytes < 1 or args.max_bytes < args.min_bytes:
@@ -62,16 +64,20 @@ def parse_args(argv=None):
         folder = os.path.dirname(os.path.abspath(args.json_out))
         if not os.path.isdir(folder):
             problems.append(f"--json-out: folder {folder} does not exist; create it first")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        problems.append("--device cuda: no GPU is visible; use --device cpu or auto")
     if problems:
         p.error("; ".join(problems))  # exits with code 2 before anything runs or is written
     return args
 
 
-def setup():
-    """Join torchrun's group, or make a world of one; NCCL with CUDA, else gloo."""
-    use_cuda = torch.cuda.is_available()
-    backend = "nccl" if use_cuda else "gloo"
+def setup(device_choice: str = "auto"):
+    """Join torchrun's group, or make a world of one; NCCL on GPUs, else gloo on CPU."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    # NCCL needs a GPU per rank; with fewer GPUs than ranks on this node, measure gloo on CPU.
+    use_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.device_count() >= local_world)
+    backend = "nccl" if use_cuda else "gloo"
     if use_cuda:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
@@ -113,7 +119,7 @@ def time_all_reduce(x, iters, warmup, device) -> float:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    backend, device = setup()
+    backend, device = setup(args.device)
     rank, n = dist.get_rank(), dist.get_world_size()
     dtype = DTYPES[args.dtype]
     item = torch.tensor([], dtype=dtype).element_size()

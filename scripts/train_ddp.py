@@ -161,7 +161,12 @@ def setup(args):
     backend = args.backend if args.backend != "auto" else ("nccl" if use_cuda else "gloo")
     timeout = datetime.timedelta(seconds=args.timeout)  # a lost rank fails loudly, never hangs
     if "RANK" in os.environ:
-        dist.init_process_group(backend, timeout=timeout)
+        # A fresh key space per torchrun attempt: the restarted workers may otherwise read the
+        # dead workers' addresses, left in the rendezvous store, and fail to connect.
+        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"attempt{attempt}/", store),
+                                rank=rank, world_size=world_size, timeout=timeout)
     else:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
                                 rank=0, world_size=1, timeout=timeout)
@@ -224,7 +229,7 @@ class ResumableSampler(DistributedSampler):
         return iter(list(super().__iter__())[self.skip:])
 
     def __len__(self):
-        return self.num_samples - self.skip
+        return max(0, self.num_samples - self.skip)
 
 
 def eval_shard(n: int, rank: int, world_size: int) -> range:
@@ -293,11 +298,13 @@ def load_checkpoint(path: str, args, device, model: nn.Module):
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:
         return None, f"cannot read checkpoint {path!r} ({type(e).__name__}): delete it or pass --resume none"
-    old = ckpt.get("config", {}).get("model")
+    if not isinstance(ckpt, dict) or not {"model", "optimizer", "step", "config"} <= ckpt.keys():
+        return None, f"{path!r} is not a train_ddp.py checkpoint: pass another --ckpt-dir or --resume none"
+    old = ckpt["config"].get("model")
     msg = (f"checkpoint {path!r} was written by --model {old}"
-           f"{' --batch-norm' if ckpt.get('config', {}).get('batch_norm') else ''} and does not fit "
-           f"--model {args.model}{' --batch-norm' if args.batch_norm else ''}: pass the same model flags, "
-           "another --ckpt-dir, or --resume none")
+           f"{' --batch-norm' if ckpt['config'].get('batch_norm') else ''} and does not fit "
+           f"--model {args.model}{' --batch-norm' if args.batch_norm else ''}: use another --ckpt-dir, "
+           "the same model flags, or --resume none to start over (this run would then replace it)")
     if old != args.model:
         return None, msg
     try:
@@ -428,8 +435,8 @@ def train(args, rank, world_size, device, backend):
               f"effective batch={args.batch_size} x {world_size} ranks x {args.accum_steps} accum "
               f"= {effective_batch}, lr={lr:g}, {steps_per_epoch} steps/epoch", flush=True)
     metrics.write("config", **{**vars(args), "backend": backend, "device": str(device)},
-                  world_size=world_size, effective_batch=effective_batch, lr_effective=lr, steps_per_epoch=steps_per_epoch,
-                  total_steps=total_steps)
+                  world_size=world_size, effective_batch=effective_batch, lr_effective=lr,
+                  steps_per_epoch=steps_per_epoch, total_steps=total_steps)
     if ckpt is not None:
         metrics.write("resume", step=step, epoch=epoch, path=path)
         if is_main:
@@ -516,11 +523,11 @@ def train(args, rank, world_size, device, backend):
             if last_pt and step % args.save_every == 0:
                 save(epoch, i)
                 last_saved = step
-            if args.crash_at_step == step and attempt == 0 and is_main:
-                # SIGKILL, not an exception: nothing in Python runs (no finally, no flush), as when
-                # the OOM killer or a dead node takes a worker. Rank 0 only: torchrun notices the
-                # lost worker, stops the others and restarts every rank.
-                print(f"crash-at-step {step}: killing rank 0 (attempt {attempt})", flush=True)
+            if args.crash_at_step == step and attempt == 0:
+                # SIGKILL, not an exception: nothing in Python runs (no finally, no flush), as when the
+                # OOM killer or a lost node takes the job. Every rank dies after the same step, so none is
+                # left blocked in a collective with a dead peer; torchrun then restarts all of them.
+                print(f"crash-at-step {step}: killing rank {rank} (attempt {attempt})", flush=True)
                 os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
             if step >= max_steps:
                 break

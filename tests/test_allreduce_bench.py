@@ -1,5 +1,6 @@
 """scripts/allreduce_bench.py: self-contained, nccl-tests arithmetic, JSON for the notebook."""
 import ast
+import importlib.util
 import json
 import subprocess
 import sys
@@ -45,16 +46,37 @@ def test_runs_as_a_plain_single_process_program(tmp_path):
     assert doc["world_size"] == 1 and all(r["busbw"] == 0 for r in doc["results"])
 
 
+def test_bad_output_folder_exits_non_zero_before_doing_anything(tmp_path):
+    keep = tmp_path / "keep.json"
+    keep.write_text("old")
+    r = subprocess.run([sys.executable, str(SCRIPT), "--json-out", "/no/such/folder/x.json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "does not exist; create it first" in r.stderr
+    assert "all_reduce sum" not in r.stdout  # nothing was measured
+    assert keep.read_text() == "old"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("allreduce_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines functions only: main() runs under __main__
+    return module
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--json-out", "/no/such/folder/x.json"], "does not exist"),
     (["--min-bytes", "1M", "--max-bytes", "1K"], "--min-bytes"),
     (["--max-bytes", "lots"], "not a size"),
     (["--iters", "0"], "--iters"),
+    (["--factor", "1"], "--factor"),
 ])
-def test_bad_input_exits_non_zero_with_one_clear_message(tmp_path, args, message):
-    keep = tmp_path / "keep.json"
-    keep.write_text("old")
-    r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0
-    assert message in r.stderr
-    assert keep.read_text() == "old"
+def test_bad_arguments_give_one_clear_message(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        _load_bench().parse_args(args)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_size_parsing():
+    bench = _load_bench()
+    assert [bench.parse_size(t) for t in ("4096", "64K", "16M", "1G", "2kb")] == [4096, 2**16, 2**24, 2**30, 2048]

@@ -1,4 +1,4 @@
-"""Checkpoint helpers (ddp_lab.checkpointing) and notebook 06's experiment programs."""
+"""Checkpoint functions (ddp_lab.checkpointing) and notebook 06's experiment programs."""
 import io
 import os
 

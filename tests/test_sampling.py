@@ -44,7 +44,7 @@ def test_evaluate_world_of_one_matches_direct_computation():
     with torch.no_grad():
         logits = model(X)
     assert result["count"] == len(y)
-    assert result["accuracy"] == (logits.argmax(1) == y).float().mean().item()
+    assert result["accuracy"] == (logits.argmax(1) == y).sum().item() / len(y)
     assert result["loss"] == pytest.approx(F.cross_entropy(logits, y).item(), rel=1e-6)
 
 
@@ -55,7 +55,7 @@ def plan(lengths, B, W, epoch=0, seed=0):
     return [list(s) for s in samplers]
 
 
-@pytest.mark.parametrize("n,B,W", [(256, 8, 2), (37, 4, 3), (5, 2, 4)])
+@pytest.mark.parametrize("n,B,W", [(256, 8, 2), (37, 4, 3), (50, 2, 4)])
 def test_balanced_sampler_is_complete_and_even(n, B, W):
     lengths = torch.randint(1, 500, (n,), generator=torch.Generator().manual_seed(n))
     p = plan(lengths, B, W)
@@ -97,8 +97,14 @@ def test_loader_measurement_delivers_the_same_data_from_workers():
 
 
 def _launch_children():
-    return [p for p in psutil.Process().children(recursive=True)
-            if any(k in " ".join(p.cmdline()) for k in ("torch.distributed.run", "ddp_lab"))]
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if any(k in " ".join(p.cmdline()) for k in ("torch.distributed.run", "ddp_lab")):
+                found.append(p)
+        except psutil.Error:  # exited while we looked: not left running
+            pass
+    return found
 
 
 def test_uneven_batches_time_out_and_join_fixes_them():

@@ -100,13 +100,14 @@ def test_distributed_eval_counts_every_sample_once(ref):
 def test_crash_then_restart_is_bitwise_identical(ref, tmp_path):
     _, _, ref_recs = ref
     m = tmp_path / "m.jsonl"
-    # Saves at 7 and 14; rank 0 is killed after step 15; attempt 1 resumes at step 14
-    # (epoch 1, batch 2: mid-epoch) and must replay step 15 exactly.
-    run = launch.torchrun("train_ddp.py", nproc=2, max_restarts=1, stream=False, args=[
+    # Saves at 7 and 14; the ranks die after step 15; attempt 1 resumes at step 14
+    # (epoch 1, batch 2: mid-epoch) and must replay step 15 exactly. Every rank kills itself.
+    run = launch.torchrun("train_ddp.py", nproc=2, max_restarts=1, stream=False, timeout=400, args=[
         *COMMON, "--ckpt-dir", tmp_path / "ckpt", "--save-every", "7", "--crash-at-step", "15",
         "--metrics-out", m])
     assert run.returncode == 0
     assert "crash-at-step 15: killing rank 0 (attempt 0)" in run.log
+    assert "crash-at-step 15: killing rank 1 (attempt 0)" in run.log
     recs = read_metrics(m)
     a0 = [r for r in recs if r["attempt"] == 0]
     a1 = [r for r in recs if r["attempt"] == 1]

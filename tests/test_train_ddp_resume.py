@@ -51,17 +51,21 @@ def test_accumulation_equals_big_batch_and_syncs_once_per_step(tmp_path):
 
 
 def test_two_epochs_equal_one_epoch_then_resume(tmp_path):
-    # batch 64: 24 steps per epoch. --max-steps 24 stops exactly after epoch 0.
+    # batch 64: 24 steps per epoch. --max-steps 24 stops exactly after epoch 0, and the save at
+    # step 24 records "epoch 0, all 24 batches consumed": the resumed run skips the whole epoch.
     common = ["--epochs", 2, "--batch-size", 64, "--log-every", 8]
     straight = start(*common, "--metrics-out", tmp_path / "straight.jsonl", cwd=tmp_path)
-    first = start(*common, "--max-steps", 24, "--ckpt-dir", tmp_path / "ck",
+    first = start(*common, "--max-steps", 24, "--save-every", 24, "--ckpt-dir", tmp_path / "ck",
                   "--metrics-out", tmp_path / "resumed.jsonl", cwd=tmp_path)
     finish(first)
     finish(start(*common, "--ckpt-dir", tmp_path / "ck", "--metrics-out", tmp_path / "resumed.jsonl",
                  cwd=tmp_path))
     finish(straight)
     recs = metrics(tmp_path / "resumed.jsonl")
-    assert [(r["step"], r["epoch"]) for r in recs if r["kind"] == "resume"] == [(24, 1)]
+    assert [(r["step"], r["epoch"]) for r in recs if r["kind"] == "resume"] == [(24, 0)]
+    # epoch 0 is evaluated once per run (the resumed run re-evaluates the restored epoch 0)
+    assert [(r["attempt"], r["epoch"], r["step"]) for r in recs if r["kind"] == "eval"] == \
+           [(0, 0, 24), (0, 0, 24), (0, 1, 48)]
     finals = [r for r in recs if r["kind"] == "final"]
     assert [r["step"] for r in finals] == [24, 48]
     assert finals[-1]["params_sha256"] == final(tmp_path / "straight.jsonl")["params_sha256"]

@@ -22,7 +22,7 @@ from torch.utils.data import DistributedSampler
 from ddp_lab import models, runtime, sampling
 from ddp_lab.data import digits_tensors
 
-SEQS, BATCH, FEATURES = 256, 8, 16   # variable-length sequences for the straggler part
+SEQS, BATCH, FEATURES = 128, 8, 16   # variable-length sequences for the straggler part
 
 
 def honest_eval(ctx, model) -> None:
@@ -58,7 +58,7 @@ def sequences():
 
 def per_token_net() -> nn.Module:
     torch.manual_seed(0)  # cost grows with padded tokens: batch x longest sequence
-    return nn.Sequential(nn.Linear(FEATURES, 512), nn.ReLU(), nn.Linear(512, FEATURES))
+    return nn.Sequential(nn.Linear(FEATURES, 2048), nn.ReLU(), nn.Linear(2048, FEATURES))
 
 
 def straggler(ctx) -> None:

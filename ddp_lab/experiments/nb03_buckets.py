@@ -11,6 +11,7 @@
 """
 import argparse
 import copy
+import os
 import statistics
 import time
 
@@ -22,6 +23,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab import buckets, models, runtime
 from ddp_lab.data import digits_tensors
+
+# A CPU lesson: gloo and CPU tensors even on a GPU machine (one GPU cannot host two NCCL
+# ranks, and the measurements compare with the CPU numbers elsewhere in the notebook).
+os.environ.setdefault(runtime.BACKEND_ENV, "gloo")
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=3)             # timed steps per variant (+1 warm-up)
@@ -88,7 +93,6 @@ with runtime.distributed() as ctx:
     for name, marks in (("naive: all-reduce each tensor after backward", t_naive),
                         ("hand-written buckets + hooks", t_hand), ("DDP", t_ddp)):
         ctx.record(kind="step_time", variant=name, median_s=median_step(marks), marks=marks)
-    ctx.record(kind="hand_events", events=dp.events)
 
     # 2. DDP's buckets as the comm hook sees them; timeline of one step.
     for cap in [None] + [float(c) for c in args.caps.split(",")]:

@@ -8,12 +8,17 @@ Records per N: exact equality on integer-valued floats, max difference on random
 floats, bytes each rank sent; then algbw and busbw of dist.all_reduce per N.
 """
 import argparse
+import os
 import time
 
 import torch
 import torch.distributed as dist
 
 from ddp_lab import ring, runtime
+
+# A CPU lesson: gloo and CPU tensors even on a GPU machine (one GPU cannot host two NCCL
+# ranks, and the measurements compare with the CPU numbers elsewhere in the notebook).
+os.environ.setdefault(runtime.BACKEND_ENV, "gloo")
 
 p = argparse.ArgumentParser()
 p.add_argument("--numel", type=int, default=1003)            # not divisible by 2, 3 or 4
@@ -49,13 +54,15 @@ with runtime.distributed() as ctx:
             for label, fn in (("all_reduce", lambda: dist.all_reduce(x, group=group)),
                               ("p2p_ring", lambda: ring.all_reduce_p2p(x, group=group))):
                 fn()  # warm-up
-                dist.barrier(group=group)
-                t0 = time.perf_counter()
-                for _ in range(args.iters):
+                times = torch.zeros(args.iters, dtype=torch.float64)
+                for i in range(args.iters):
+                    dist.barrier(group=group)
+                    t0 = time.perf_counter()
                     fn()
-                t = torch.tensor([(time.perf_counter() - t0) / args.iters], dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+                    times[i] = time.perf_counter() - t0
+                # A call ends when its slowest rank ends; the median shrugs off a busy machine's spikes.
+                dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
                 if ctx.rank == 0:
-                    ctx.record(kind="bw", n=n, impl=label, bytes=count * 4, time_s=t.item())
+                    ctx.record(kind="bw", n=n, impl=label, bytes=count * 4, time_s=times.median().item())
         dist.barrier()
     ctx.print0(f"p2p ring checked against dist.all_reduce for N = 2..{ctx.world_size}")
