@@ -1,4 +1,4 @@
-"""What do scripts/train_ddp.py's features cost? It against a bare hand-written DDP loop.
+"""What do scripts/train_ddp.py's features cost? Compared with a bare hand-written DDP loop.
 
     .venv/bin/python benchmarks/bench_train.py [--reps 3] [--epochs 10] [--model mlp]
 
@@ -7,8 +7,10 @@ rank, SGD lr 0.05 momentum 0.9, DDP defaults). train_ddp.py runs with its defaul
 (global-loss logging every 10 steps, LR schedule, autocast and scaler switched off, resumable
 sampler, metrics file); the bare loop does forward, backward, step and nothing else. Each
 program times its own training steps in windows of 10 (start-up and evaluation excluded);
-the median window throughput of each run is compared. Runs alternate (A B A B ...) so that
-load from other programs hits both alike. Prints the ratio; asserts nothing.
+the median window throughput of each run is compared. Both run inside the same two torchrun
+workers, alternating (A B A B ...), so that load from other programs hits both alike:
+train_ddp.py's train() is imported and called on the same process group. Prints the ratio;
+asserts nothing.
 """
 from __future__ import annotations
 
@@ -25,55 +27,59 @@ sys.path.insert(0, str(ROOT))
 WINDOW = 10  # steps per timing window, the same as train_ddp.py's default --log-every
 
 
-def bare_worker(epochs: int, model_name: str, batch_size: int) -> None:
-    """The bare loop, run by torchrun: nothing but what DDP training needs."""
+def bare_loop(ctx, epochs: int, model_name: str, batch_size: int) -> list[float]:
+    """The bare loop: nothing but what DDP training needs. Returns samples/s per window."""
     import torch
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from ddp_lab import data, models, runtime
+    from ddp_lab import data, models
 
-    with runtime.distributed() as ctx:
-        dataset = data.digits("train")
-        torch.manual_seed(0)
-        model = DDP(models.mlp() if model_name == "mlp" else models.cnn())
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        sampler = DistributedSampler(dataset, ctx.world_size, ctx.rank, shuffle=True, seed=0)
-        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
-        step, samples, t0 = 0, 0, time.perf_counter()
-        for epoch in range(epochs):
-            sampler.set_epoch(epoch)
-            for x, y in loader:
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                step, samples = step + 1, samples + len(y) * ctx.world_size
-                if step % WINDOW == 0:
-                    t1 = time.perf_counter()
-                    ctx.record(kind="window", samples_per_s=samples / (t1 - t0))
-                    samples, t0 = 0, t1
-
-
-def run_bare(args) -> list[float]:
-    from ddp_lab import launch
-
-    run = launch.torchrun(f"{Path(__file__).resolve()} --worker --epochs {args.epochs} --model {args.model} "
-                          f"--batch-size {args.batch_size}", nproc=2, stream=False)
-    return [r["samples_per_s"] for r in run.select(kind="window", rank=0)]
+    dataset = data.digits("train")
+    torch.manual_seed(0)
+    model = DDP(models.mlp() if model_name == "mlp" else models.cnn())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sampler = DistributedSampler(dataset, ctx.world_size, ctx.rank, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    windows, step, samples, t0 = [], 0, 0, time.perf_counter()
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step, samples = step + 1, samples + len(y) * ctx.world_size
+            if step % WINDOW == 0:
+                t1 = time.perf_counter()
+                windows.append(samples / (t1 - t0))
+                samples, t0 = 0, t1
+    return windows
 
 
-def run_script(args) -> list[float]:
-    from ddp_lab import launch
+def worker(args) -> None:
+    """Under torchrun: bare loop and train_ddp.train() alternate in the same processes."""
+    import importlib.util
 
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "m.jsonl"
-        launch.torchrun("train_ddp.py", nproc=2, stream=False, args=[
-            "--epochs", args.epochs, "--model", args.model, "--batch-size", args.batch_size,
-            "--log-every", WINDOW, "--metrics-out", out])
-        recs = [json.loads(line) for line in out.read_text().splitlines()]
-    return [r["samples_per_s"] for r in recs if r["kind"] == "train"]
+    from ddp_lab import launch, runtime
+
+    spec = importlib.util.spec_from_file_location("train_ddp", launch.script("train_ddp.py"))
+    train_ddp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_ddp)
+    with runtime.distributed() as ctx, tempfile.TemporaryDirectory() as d:
+        for rep in range(args.reps):
+            bare = bare_loop(ctx, args.epochs, args.model, args.batch_size)
+            out = Path(d) / f"m{rep}.jsonl"
+            targs = train_ddp.parse_args(["--epochs", str(args.epochs), "--model", args.model,
+                                          "--batch-size", str(args.batch_size), "--metrics-out", str(out),
+                                          "--log-every", str(WINDOW), "--progress", "off"])
+            train_ddp.train(targs, ctx.rank, ctx.world_size, ctx.device, ctx.backend)
+            if ctx.is_main:
+                recs = [json.loads(line) for line in out.read_text().splitlines()]
+                script = [r["samples_per_s"] for r in recs if r["kind"] == "train"]
+                # the first window of each holds the warm-up steps
+                ctx.record(kind="rep", rep=rep, bare=bare[1:], script=script[1:])
 
 
 def main() -> None:
@@ -85,17 +91,20 @@ def main() -> None:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        return bare_worker(args.epochs, args.model, args.batch_size)
+        return worker(args)
+
+    from ddp_lab import launch
 
     print(f"train_ddp.py vs a bare DDP loop: {args.model}, digits, 2 ranks x batch {args.batch_size}, "
-          f"{args.epochs} epochs, {args.reps} alternating runs each")
+          f"{args.epochs} epochs, {args.reps} alternating runs each, in the same two processes")
+    run = launch.torchrun(f"{Path(__file__).resolve()} --worker --reps {args.reps} --epochs {args.epochs} "
+                          f"--model {args.model} --batch-size {args.batch_size}", nproc=2, stream=False)
     bare, script = [], []
-    for rep in range(args.reps):
-        for name, fn, acc in (("bare loop", run_bare, bare), ("train_ddp.py", run_script, script)):
-            windows = fn(args)[1:]  # the first window holds the warm-up steps
-            acc.append(statistics.median(windows))
-            print(f"  run {rep + 1} {name:<13} median {acc[-1]:8.0f} samples/s over {len(windows)} windows",
-                  flush=True)
+    for r in run.select(kind="rep", rank=0):
+        bare.append(statistics.median(r["bare"]))
+        script.append(statistics.median(r["script"]))
+        print(f"  run {r['rep'] + 1}: bare loop {bare[-1]:8.0f} samples/s, train_ddp.py {script[-1]:8.0f} "
+              f"samples/s (medians over {len(r['bare'])} / {len(r['script'])} windows of {WINDOW} steps)")
     b, s = statistics.median(bare), statistics.median(script)
     cost = 1 - s / b
     print(f"median samples/s: bare loop {b:.0f}, train_ddp.py {s:.0f}; ratio train_ddp/bare = {s / b:.3f}")

@@ -531,7 +531,9 @@ def train(args, rank, world_size, device, backend):
                 os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
             if step >= max_steps:
                 break
+        t_eval = time.perf_counter()
         evaluate(epoch)  # after every epoch, and where --max-steps stopped mid-epoch
+        t_window += time.perf_counter() - t_eval  # samples/s measures training, not evaluation
         if i >= batches_per_epoch:
             epoch, batch_in_epoch = epoch + 1, 0
         else:

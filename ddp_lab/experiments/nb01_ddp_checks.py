@@ -36,7 +36,7 @@ TIMING_STEPS = 6
 
 
 def seed_everything(seed: int) -> None:
-    """Seed 004's helper, unchanged."""
+    """Seed 004's seed_everything, unchanged."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
