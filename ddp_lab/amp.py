@@ -147,7 +147,7 @@ def scaler_trace(steps: int = 40, inf_at=(8,), init_scale: float = 2.0 ** 16,
 def clip_demo(max_norm: float = 0.1, init_scale: float = 2.0 ** 16, lr: float = 0.1) -> dict:
     """One fp16 step, clipped three ways, from the same start and the same batch.
 
-    reference: clip the true gradient (what fp32 training does);
+    reference: no scaler, so clip sees the true gradient (as in fp32 or bf16 training);
     unscale_first: scaler.unscale_(optimizer) then clip (the documented recipe);
     no_unscale: clip the *scaled* gradient, whose norm is `scale` times too big.
     Returns the norm clip_grad_norm_ saw and the size of the update each way.

@@ -478,7 +478,10 @@ def train(args, rank, world_size, device, backend):
     max_steps = args.max_steps or total_steps
     show_bar = is_main and (args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty()))
     bar = progress_bar(min(max_steps, total_steps), step, show_bar)
-    window = torch.zeros(3, dtype=torch.float64, device=device)  # [sum of step losses, steps, samples]
+    # fp32 skips autocast entirely: a disabled autocast still costs time on every step
+    autocast = (lambda: torch.autocast(device.type, amp_dtype)) if amp_dtype else contextlib.nullcontext
+    loss_sum = torch.zeros((), device=device)  # this rank's step losses since the last record
+    window_steps, window_samples = 0, 0
     t_window, last_saved = time.perf_counter(), (step if ckpt is not None else -1)
     model.train()
     while epoch < args.epochs and step < max_steps:
@@ -491,11 +494,13 @@ def train(args, rank, world_size, device, backend):
             group = min(args.accum_steps, batches_per_epoch - group_start)  # the epoch's tail may be short
             sync = i + 1 == group_start + group  # all-reduce gradients on the group's last micro-step only
             with contextlib.nullcontext() if sync else ddp_model.no_sync():
-                with torch.autocast(device.type, amp_dtype, enabled=amp_dtype is not None):
+                with autocast():
                     loss = F.cross_entropy(model(x), y)
-                scaler.scale(loss / group).backward()
-            window[0] += loss.detach().double() / group
-            window[2] += len(y)
+                    if group > 1:
+                        loss = loss / group  # gradients of the mean over the group's micro-batches
+                scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+            window_samples += len(y)
             i += 1
             if not sync:
                 continue
@@ -504,22 +509,23 @@ def train(args, rank, world_size, device, backend):
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             step += 1
-            window[1] += 1
+            window_steps += 1
             if bar:
                 bar.update(1)
             if step % args.log_every == 0 or step == max_steps:
+                window = torch.tensor([loss_sum.item(), window_samples], dtype=torch.float64, device=device)
                 dist.all_reduce(window)  # global mean loss over the window, global samples
                 dt = time.perf_counter() - t_window
-                rec = dict(step=step, epoch=epoch, loss=(window[0] / window[1] / world_size).item(),
-                           lr=scheduler.get_last_lr()[0], samples_per_s=window[2].item() / dt)
+                rec = dict(step=step, epoch=epoch, loss=window[0].item() / window_steps / world_size,
+                           lr=scheduler.get_last_lr()[0], samples_per_s=window[1].item() / dt)
                 metrics.write("train", **rec)
                 if bar:
                     bar.set_postfix(loss=f"{rec['loss']:.4f}", epoch=epoch)
                 elif is_main:
                     print(f"step {step} epoch {epoch} loss {rec['loss']:.4f} lr {rec['lr']:.4g} "
                           f"{rec['samples_per_s']:.0f} samples/s", flush=True)
-                window.zero_()
-                t_window = time.perf_counter()
+                loss_sum.zero_()
+                window_steps, window_samples, t_window = 0, 0, time.perf_counter()
             if last_pt and step % args.save_every == 0:
                 save(epoch, i)
                 last_saved = step
@@ -546,6 +552,7 @@ def train(args, rank, world_size, device, backend):
     if args.count_comm:
         final["comm_calls"] = comm_calls[0]
     metrics.write("final", **final)
+    dist.barrier()  # every rank is done with every collective before the group is torn down
     if is_main:
         print(f"done: step {step}, params sha256 {final['params_sha256'][:16]}...", flush=True)
 

@@ -50,14 +50,14 @@ def run_window(variant, acc, model, batches):
 
 with runtime.distributed() as ctx:
     X, Y = data.digits_tensors("train")
-    X, Y = X[ctx.rank::ctx.world_size], Y[ctx.rank::ctx.world_size]  # this rank's shard
+    X, Y = X[ctx.rank::ctx.world_size].to(ctx.device), Y[ctx.rank::ctx.world_size].to(ctx.device)  # this rank's shard
     K, b = args.accum_steps, args.micro_batch
     windows = [[(X[i:i + b], Y[i:i + b]) for i in range(w * K * b, (w + 1) * K * b, b)]
                for w in range(args.updates + 1)]  # window 0 warms up (DDP builds its buckets)
     reference = None
     for variant in ("seed", "fixed", "backward_only"):
         torch.manual_seed(0)
-        model = DDP(getattr(models, args.model)())
+        model = DDP(getattr(models, args.model)().to(ctx.device))
         counter = AllReduceCounter(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         scaler = torch.amp.GradScaler("cpu", enabled=False)  # fp32 here; the API is the same with fp16
