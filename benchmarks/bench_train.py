@@ -24,10 +24,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-WINDOW = 10  # steps per timing window, the same as train_ddp.py's default --log-every
+WINDOW = 10  # steps per timing window: train_ddp.py's default --log-every (change with --window)
 
 
-def bare_loop(ctx, epochs: int, model_name: str, batch_size: int) -> list[float]:
+def bare_loop(ctx, epochs: int, model_name: str, batch_size: int, window: int) -> list[float]:
     """The bare loop: nothing but what DDP training needs. Returns samples/s per window."""
     import torch
     import torch.nn.functional as F
@@ -51,7 +51,7 @@ def bare_loop(ctx, epochs: int, model_name: str, batch_size: int) -> list[float]
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step, samples = step + 1, samples + len(y) * ctx.world_size
-            if step % WINDOW == 0:
+            if step % window == 0:
                 t1 = time.perf_counter()
                 windows.append(samples / (t1 - t0))
                 samples, t0 = 0, t1
@@ -69,11 +69,11 @@ def worker(args) -> None:
     spec.loader.exec_module(train_ddp)
     with runtime.distributed() as ctx, tempfile.TemporaryDirectory() as d:
         for rep in range(args.reps):
-            bare = bare_loop(ctx, args.epochs, args.model, args.batch_size)
+            bare = bare_loop(ctx, args.epochs, args.model, args.batch_size, args.window)
             out = Path(d) / f"m{rep}.jsonl"
             targs = train_ddp.parse_args(["--epochs", str(args.epochs), "--model", args.model,
                                           "--batch-size", str(args.batch_size), "--metrics-out", str(out),
-                                          "--log-every", str(WINDOW), "--progress", "off"])
+                                          "--log-every", str(args.window), "--progress", "off"])
             train_ddp.train(targs, ctx.rank, ctx.world_size, ctx.device, ctx.backend)
             if ctx.is_main:
                 recs = [json.loads(line) for line in out.read_text().splitlines()]
@@ -88,6 +88,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--window", type=int, default=WINDOW, help="steps per timing window and --log-every")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -98,13 +99,14 @@ def main() -> None:
     print(f"train_ddp.py vs a bare DDP loop: {args.model}, digits, 2 ranks x batch {args.batch_size}, "
           f"{args.epochs} epochs, {args.reps} alternating runs each, in the same two processes")
     run = launch.torchrun(f"{Path(__file__).resolve()} --worker --reps {args.reps} --epochs {args.epochs} "
-                          f"--model {args.model} --batch-size {args.batch_size}", nproc=2, stream=False)
+                          f"--model {args.model} --batch-size {args.batch_size} --window {args.window}",
+                          nproc=2, stream=False)
     bare, script = [], []
     for r in run.select(kind="rep", rank=0):
         bare.append(statistics.median(r["bare"]))
         script.append(statistics.median(r["script"]))
         print(f"  run {r['rep'] + 1}: bare loop {bare[-1]:8.0f} samples/s, train_ddp.py {script[-1]:8.0f} "
-              f"samples/s (medians over {len(r['bare'])} / {len(r['script'])} windows of {WINDOW} steps)")
+              f"samples/s (medians over {len(r['bare'])} / {len(r['script'])} windows of {args.window} steps)")
     b, s = statistics.median(bare), statistics.median(script)
     cost = 1 - s / b
     print(f"median samples/s: bare loop {b:.0f}, train_ddp.py {s:.0f}; ratio train_ddp/bare = {s / b:.3f}")

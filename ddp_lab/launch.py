@@ -177,6 +177,10 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     child_env.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // world)))
     if threads:
         child_env["OMP_NUM_THREADS"] = str(threads)
+    if max_restarts > 0:
+        # Restarted workers get a store of their own instead of reusing the dead attempt's
+        # (pytorch/pytorch#167288: stale peer addresses -> gloo "Connection refused").
+        child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # Keep children importing this checkout's ddp_lab even from a notebook folder.
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
     port = free_port()
