@@ -10,7 +10,7 @@
                                                # teardown happens in `finally`
 
 - Device and backend: CUDA + NCCL (with torch.cuda.set_device(local_rank)) when
-  this process can see a GPU, else CPU + gloo. DDP_LAB_BACKEND overrides.
+  there is a GPU for every process on this node, else CPU + gloo. DDP_LAB_BACKEND overrides.
 - Init has a timeout (60 s, DDP_LAB_TIMEOUT overrides) that also bounds every
   collective, so a lost rank fails loudly instead of hanging forever.
 - Run as plain `python prog.py` it is a world of one, with a real process group,
@@ -47,7 +47,9 @@ def _free_port() -> int:
 def pick_backend() -> tuple[str, str]:
     """(backend, device type): nccl/cuda when a GPU is visible, else gloo/cpu."""
     forced = os.environ.get(BACKEND_ENV)
-    if torch.cuda.is_available() and forced in (None, "", "nccl"):
+    # NCCL wants one GPU per process: two ranks sharing one GPU fall back to gloo on the CPU.
+    enough_gpus = torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if torch.cuda.is_available() and forced in (None, "", "nccl") and (enough_gpus or forced == "nccl"):
         return "nccl", "cuda"
     return (forced or "gloo"), "cpu"
 
