@@ -1,12 +1,12 @@
 """What do scripts/train_ddp.py's features cost? Compared with a bare hand-written DDP loop.
 
-    .venv/bin/python benchmarks/bench_train.py [--reps 6] [--epochs 5] [--model mlp|cnn] [--window 10]
+    .venv/bin/python benchmarks/bench_train.py [--reps 6] [--epochs 10] [--model mlp|cnn] [--window 50]
 
 Both programs train the same model on the same data (digits, 2 ranks over gloo, batch 32 per
 rank, SGD lr 0.05 momentum 0.9, DDP defaults). train_ddp.py runs with its default settings
-(global-loss logging every 10 steps, LR schedule, autocast and scaler switched off, resumable
+(global-loss logging every 50 steps, LR schedule, autocast and scaler switched off, resumable
 sampler, metrics file); the bare loop does forward, backward, step and nothing else. Each
-program times its own training steps in windows of 10 (start-up and evaluation excluded);
+program times its own training steps in windows of 50 (start-up and evaluation excluded);
 the median window throughput of each run is compared, pairwise. Both run inside the same two torchrun
 workers, alternating (A B A B ...), so that load from other programs hits both alike:
 train_ddp.py's train() is imported and called on the same process group. Prints the ratio;
@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-WINDOW = 10  # steps per timing window: train_ddp.py's default --log-every (change with --window)
+WINDOW = 50  # steps per timing window: train_ddp.py's default --log-every (change with --window)
 
 
 def bare_loop(ctx, epochs: int, model_name: str, batch_size: int, window: int) -> list[float]:
@@ -85,7 +85,7 @@ def worker(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reps", type=int, default=6)
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--window", type=int, default=WINDOW, help="steps per timing window and --log-every")

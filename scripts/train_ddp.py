@@ -91,7 +91,7 @@ def parse_args(argv=None):
     a("--resume", default="auto", help="auto (D/last.pt if it exists) | PATH | none")
     a("--crash-at-step", type=int, default=None, help="teaching: die after this step, 1st attempt")
     a("--metrics-out", default=None, help="JSON lines file (appended, rank 0)")
-    a("--log-every", type=int, default=10, help="steps between train records")
+    a("--log-every", type=int, default=50, help="steps between train records (each is a sync point)")
     a("--num-workers", type=int, default=0)
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
     a("--backend", default="auto", choices=["auto", "gloo", "nccl"])
