@@ -286,6 +286,17 @@ def root_cause(log: str, rank_lines: dict) -> tuple[str, int | None]:
         except ValueError:
             name = f"signal {-exitcode}"
         return f"rank {rank} was killed by {name} (exit code {exitcode})", rank
+    # No traceback: a program that exits with a message of its own (e.g. "error: ..." on
+    # rank 0 only, as scripts/train_ddp.py does for bad input) says it on its last line.
+    said = []
+    for r, ls in sorted(rank_lines.items()):
+        nonblank = [l.strip() for l in ls if l.strip()]
+        if nonblank:
+            said.append((r, nonblank[-1]))
+    said.sort(key=lambda rl: (not rl[1].lower().startswith("error"), rl[0] != rank))
+    if said:
+        r, last = said[0]
+        return f"rank {r} exited with code {exitcode}: {last}", r
     if rank is not None:
         return f"rank {rank} exited with code {exitcode}", rank
     last = "\n".join(log.strip().splitlines()[-15:])

@@ -138,3 +138,15 @@ def test_threads_per_process_are_set_deliberately():
     assert "Setting OMP_NUM_THREADS" not in run.log  # torchrun's banner does not appear
     run = launch.torchrun(PROGRAMS / "env_report.py", nproc=2, threads=1, stream=False)
     assert {r["threads"] for r in run.select(kind="env")} == {1}
+
+
+def test_a_rank_that_exits_with_its_own_message_is_quoted(tmp_path):
+    prog = tmp_path / "usage.py"
+    prog.write_text(
+        "import os, sys\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    print('error: --batch-size must be at least 1', file=sys.stderr)\n"
+        "sys.exit(2)\n")
+    with pytest.raises(launch.LaunchError) as info:
+        launch.torchrun(prog, nproc=2, stream=False)
+    assert str(info.value) == "rank 0 exited with code 2: error: --batch-size must be at least 1"
