@@ -6,13 +6,13 @@
             loss = criterion(model(x), y)    # forward AND backward inside the context
             acc.step(loss)                   # scale(loss / K).backward(); update at the boundary
 
-- SeedGradientAccumulator: the helper from seed 000 (section 3.3), as written.
+- SeedGradientAccumulator: the class from seed 000 (section 3.3), as written.
   Correct arithmetic, but DDP all-reduces after *every* backward, so K-1 of
   every K all-reduces are wasted work.
-- GradientAccumulator: the same helper plus no_sync.
+- GradientAccumulator: the same class plus no_sync.
 - AllReduceCounter: a DDP communication hook that counts the all-reduces
   (and bytes) DDP launches, then performs the usual averaging all-reduce.
-- Learning-rate helpers: seed 004's adjust_learning_rate and a per-step warmup.
+- Learning rate: seed 004's adjust_learning_rate and a per-step warmup.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ class SeedGradientAccumulator:
 
 
 class GradientAccumulator(SeedGradientAccumulator):
-    """The seed's helper, fixed: all-reduce once per optimizer step.
+    """The seed's accumulator, fixed: all-reduce once per optimizer step.
 
     DDP decides at *forward* time whether the coming backward will all-reduce
     (forward under no_sync() tells the reducer not to), so forward and backward
