@@ -20,18 +20,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab import models
+
 MB = 1024 * 1024  # DDP's bucket_cap_mb is in MiB
 
 
 def deep_mlp(width: int = 512, depth: int = 28, in_features: int = 64, classes: int = 10) -> nn.Module:
     """Many equal ~1 MB layers, so bucket boundaries fall where the caps say, not where
     one giant tensor forces them (a bucket never splits a tensor)."""
-    layers, d = [nn.Flatten()], in_features
-    for _ in range(depth):
-        layers += [nn.Linear(d, width), nn.ReLU()]
-        d = width
-    layers.append(nn.Linear(d, classes))
-    return nn.Sequential(*layers)
+    return models.wide_mlp(width=width, depth=depth, in_features=in_features, classes=classes)
 
 
 def assign(sizes_bytes, cap_bytes: int, first_cap_bytes: int | None = None) -> list:

@@ -20,6 +20,7 @@
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import json
@@ -131,15 +132,42 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+_exit_status = 0
+
+
+def _exit_without_finalizers() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_exit_status)
+
+
 @contextlib.contextmanager
 def distributed(timeout: float | None = None):
-    """setup() ... teardown() in `finally`, so a failing rank still releases the group."""
+    """setup() ... teardown() in `finally`, so a failing rank still releases the group.
+
+    Under torchrun the process then ends with os._exit once Python's own exit work is done
+    (tracebacks printed, atexit handlers run). Why: a DDP model or pending work that is still
+    referenced (say, a module-level `model`) keeps gloo's threads alive past
+    destroy_process_group, and C++ teardown at interpreter exit then occasionally aborts the
+    rank ("terminate called without an active exception", SIGABRT) after it finished its work.
+    """
+    global _exit_status
     ctx = setup(timeout)
+    status = 0
     try:
         yield ctx
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        raise
+    except BaseException:
+        status = 1
+        raise
     finally:
         sys.stdout.flush()
         teardown()
+        if ctx.launched:
+            _exit_status = status
+            atexit.register(_exit_without_finalizers)  # runs before interpreter finalization
 
 
 def all_reduce_mean(sum_and_count: list[float], device: torch.device | str = "cpu") -> float:
