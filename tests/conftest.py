@@ -36,3 +36,32 @@ def wait_until(predicate, timeout: float, step: float = 0.2) -> bool:
             return True
         time.sleep(step)
     return predicate()
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    """Every test must leave no child process of the test runner behind (launch hygiene)."""
+    yield
+    me = psutil.Process()
+    gone = wait_until(lambda: not [p for p in me.children(recursive=True) if _running(p)], timeout=15)
+    left = [p for p in me.children(recursive=True) if _running(p)]
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    assert gone, f"processes left running after the test: {[(p.pid, _cmd(p)) for p in left]}"
+
+
+def _running(p) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _cmd(p) -> str:
+    try:
+        return " ".join(p.cmdline())[:160]
+    except psutil.Error:
+        return "?"

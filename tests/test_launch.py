@@ -85,7 +85,10 @@ def _start_kernel(marker):
 def test_interrupt_stops_every_process(marker):
     kernel = _start_kernel(marker)
     kernel.send_signal(signal.SIGINT)  # what Jupyter's stop button does
-    assert kernel.wait(timeout=30) == 130  # KeyboardInterrupt re-raised to the cell
+    try:
+        assert kernel.wait(timeout=30) == 130  # KeyboardInterrupt re-raised to the cell
+    finally:
+        kernel.kill()
     assert wait_until(lambda: not processes_with(marker), timeout=10), processes_with(marker)
 
 

@@ -1,7 +1,12 @@
 """Stands in for a notebook kernel: launches a program and waits (tests kill or interrupt it)."""
+import signal
 import sys
 
 from ddp_lab import launch
+
+# A Jupyter kernel turns SIGINT into KeyboardInterrupt. Do the same explicitly: a process
+# started in the background by a shell inherits SIGINT as *ignored*, and Python keeps that.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 program, marker = sys.argv[1], sys.argv[2]
 timeout = float(sys.argv[3]) if len(sys.argv) > 3 else 300
