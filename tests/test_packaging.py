@@ -1,7 +1,10 @@
 """The two install routes (pip/venv and conda) ask for the same packages."""
 import re
-import tomllib
 from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # standard library from Python 3.11
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDA_NAMES = {"pytorch": "torch"}  # conda-forge name -> PyPI name
