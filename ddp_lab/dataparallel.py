@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from ddp_lab import ring
+
 
 @dataclass
 class Traffic:
@@ -137,23 +139,16 @@ def dp_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, n_devices: int,
 def ring_allreduce(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], Traffic]:
     """Sum n equal-shaped tensors with a ring all-reduce, counting every byte.
 
-    Reduce-scatter (n-1 rounds: each device passes one chunk to its right
-    neighbour, which adds it) then all-gather (n-1 rounds passing finished
-    chunks). Each device sends and receives 2(n-1)/n of the tensor, whatever n.
+    The schedule is ddp_lab.ring.simulate's (reduce-scatter, then all-gather; notebook 03
+    steps through it); here its messages fill the same Traffic ledger as DataParallel's
+    step, so both are counted alike. Each device sends and receives 2(n-1)/n of the tensor.
     """
-    n = len(tensors)
-    traffic = Traffic(n)
-    bufs = [list(t.detach().flatten().clone().tensor_split(n)) for t in tensors]
-    for phase, rounds_start in (("reduce-scatter", 0), ("all-gather", 1)):
-        for r in range(n - 1):
-            # collect all sends of this round first: the devices send simultaneously
-            sends = [(d, (d - r + rounds_start) % n) for d in range(n)]
-            payload = [bufs[d][c].clone() for d, c in sends]
-            for (d, c), data in zip(sends, payload):
-                right = (d + 1) % n
-                traffic.move(phase, d, right, data.nbytes)
-                bufs[right][c] = bufs[right][c] + data if phase == "reduce-scatter" else data
-    out = [torch.cat(b).view_as(t) for b, t in zip(bufs, tensors)]
+    sim = ring.simulate(tensors, "ring")
+    traffic = Traffic(len(tensors))
+    for phase, messages in zip(sim.phases, sim.steps):
+        for m in messages:
+            traffic.move(phase, m.src, m.dst, m.nbytes)
+    out = [torch.from_numpy(o).view_as(t) for o, t in zip(sim.outputs, tensors)]
     return out, traffic
 
 
