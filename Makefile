@@ -7,8 +7,9 @@ LAB_ARGS ?=
 # Jupyter refuses to run as root unless told (containers, cloud VMs often run as root).
 ROOT_ARG := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
+STRESS_ARGS ?=
 
-.PHONY: lab test workbook bench clean
+.PHONY: lab test workbook bench stress clean
 
 # Reinstall only when the dependency files change (or the venv is new).
 $(STAMP): pyproject.toml
@@ -30,6 +31,10 @@ workbook: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_scaling.py
+
+# Many runs in a row under load: scripts as 2-rank jobs, launching notebooks under nbval (~30 min).
+stress: $(STAMP)
+	$(PY) benchmarks/stress.py $(STRESS_ARGS)
 
 clean:
 	rm -rf build runs

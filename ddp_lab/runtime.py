@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import gc
 import json
 import os
 import socket
@@ -46,11 +47,20 @@ def _free_port() -> int:
 
 
 def pick_backend() -> tuple[str, str]:
-    """(backend, device type): nccl/cuda when a GPU is visible, else gloo/cpu."""
-    forced = os.environ.get(BACKEND_ENV)
-    # NCCL wants one GPU per process: two ranks sharing one GPU fall back to gloo on the CPU.
-    enough_gpus = torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    if torch.cuda.is_available() and forced in (None, "", "nccl") and (enough_gpus or forced == "nccl"):
+    """(backend, device type): nccl/cuda when this node has a GPU for every process, else gloo/cpu.
+
+    NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so with fewer GPUs than local
+    processes the job runs on the CPU over gloo; forcing nccl then is an error that names the fix.
+    scripts/train_ddp.py's pick_device makes the same decision (tests/test_runtime.py compares them).
+    """
+    forced = os.environ.get(BACKEND_ENV) or None
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if forced == "nccl" and gpus < local_world_size:
+        raise RuntimeError(f"{BACKEND_ENV}=nccl, but {local_world_size} processes on this node and {gpus} "
+                           f"GPU(s): NCCL needs one GPU per process; launch nproc={max(gpus, 1)} or unset "
+                           f"{BACKEND_ENV}")
+    if forced in (None, "nccl") and gpus >= local_world_size and gpus > 0:
         return "nccl", "cuda"
     return (forced or "gloo"), "cpu"
 
@@ -107,7 +117,7 @@ def setup(timeout: float | None = None) -> Context:
     backend, device_type = pick_backend()
     if device_type == "cuda":
         # Before init: NCCL binds this process to its own GPU, not everyone to GPU 0.
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(local_rank)
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
@@ -145,11 +155,17 @@ def _exit_without_finalizers() -> None:
 def distributed(timeout: float | None = None):
     """setup() ... teardown() in `finally`, so a failing rank still releases the group.
 
-    Under torchrun the process then ends with os._exit once Python's own exit work is done
-    (tracebacks printed, atexit handlers run). Why: a DDP model or pending work that is still
-    referenced (say, a module-level `model`) keeps gloo's threads alive past
-    destroy_process_group, and C++ teardown at interpreter exit then occasionally aborts the
-    rank ("terminate called without an active exception", SIGABRT) after it finished its work.
+    A DDP model (and the gloo state it holds) must be freed before destroy_process_group: freed
+    at interpreter exit instead, it can abort a rank that finished its work ("terminate called
+    without an active exception", SIGABRT). Two things keep one alive past this block:
+    - a reference cycle: torch's first optimizer lazily imports torch._dynamo, and an import-time
+      cycle in torch (torch.fx.wrap keeps its own frame, pytorch/pytorch#195586) pins every frame
+      then on the stack, so a model local to a function outlives the function's return. The
+      gc.collect() before teardown frees it;
+    - a plain reference: a `model` assigned at module level (the lesson programs are short
+      scripts that do this) lives until interpreter exit, whatever we collect. So under torchrun
+      the process ends with os._exit once Python's own exit work is done (tracebacks printed,
+      atexit handlers run, output flushed), before interpreter finalization.
     """
     global _exit_status
     ctx = setup(timeout)
@@ -164,6 +180,7 @@ def distributed(timeout: float | None = None):
         raise
     finally:
         sys.stdout.flush()
+        gc.collect()  # free what cycles still hold (DDP models in returned frames) while the group exists
         teardown()
         if ctx.launched:
             _exit_status = status

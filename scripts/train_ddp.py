@@ -20,24 +20,31 @@ Run recipe (the same file, unchanged, in every setting):
         --ckpt-dir runs/ckpt --save-every 10 --crash-at-step 15
 
 What it gets right (each one a classic DDP bug when missing):
-- backend from the device (nccl with CUDA, else gloo), a timeout on init and every collective;
+- backend from the device (nccl with a GPU per process, else gloo), a timeout on init and every
+  collective;
 - the global rank shards data, the local rank picks the GPU (they differ on multi-node);
-- the same seed on every rank, DistributedSampler.set_epoch every epoch;
+- the same seed for the initial weights, then each rank its own random stream (dropout,
+  augmentation); DistributedSampler.set_epoch every epoch;
 - gradient accumulation with no_sync() on every micro-step but the last;
 - losses and accuracy all-reduced before printing (not rank 0's own numbers);
 - evaluation counts every validation sample exactly once (no sampler padding);
-- rank 0 saves the full training state atomically (temp file, then rename), then a barrier;
-- resume continues mid-epoch at the exact batch, so crash + restart == uninterrupted run.
+- rank 0 saves the full training state (every rank's random state too) atomically: temp file,
+  then rename; on resume rank 0 reads it and broadcasts it, so no shared filesystem is needed;
+- resume continues mid-epoch at the exact batch, so crash + restart == uninterrupted run;
+- the DDP model is released before the process group is destroyed (see main()).
 
 Metrics (--metrics-out, JSON lines appended by rank 0, each with "kind" and "attempt"):
 config, train, eval, ckpt, resume, final. See docs/train_ddp.md.
 Needs only torch (torchvision for resnet18/cifar10/imagefolder; scikit-learn for digits).
+Your own data or model: see "Your own data and model" in docs/train_ddp.md.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import datetime
+import errno
+import gc
 import hashlib
 import json
 import math
@@ -67,6 +74,7 @@ def parse_args(argv=None):
     a("--model", default="mlp", choices=["mlp", "cnn", "resnet18", "wide_mlp"])
     a("--hidden", type=int, default=None, help="mlp width (64) / wide_mlp width (2048)")
     a("--batch-norm", action="store_true", help="cnn: add BatchNorm2d after each conv")
+    a("--dropout", type=float, default=0.0, help="dropout after each hidden layer (mlp, cnn, resnet18 head)")
     a("--sync-bn", action="store_true", help="convert BatchNorm to SyncBatchNorm (CUDA only)")
     a("--epochs", type=int, default=3)
     a("--max-steps", type=int, default=None, help="stop after this many optimizer steps "
@@ -83,7 +91,8 @@ def parse_args(argv=None):
     a("--seed", type=int, default=0)
     a("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     a("--grad-compression", default="none", choices=["none", "fp16", "bf16"])
-    a("--bucket-cap-mb", type=float, default=25.0)
+    a("--bucket-cap-mb", type=float, default=None,
+      help="DDP gradient bucket size in MiB (default: DDP's own, 25 with a small first bucket)")
     a("--compile", action="store_true", help="torch.compile the DDP model")
     a("--count-comm", action="store_true", help="count gradient all-reduce calls (a comm hook)")
     a("--ckpt-dir", default=None)
@@ -112,11 +121,12 @@ def validate(args) -> None:
     for name in ("max_steps", "crash_at_step"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    if not 0 <= args.dropout < 1:
+        raise UsageError(f"--dropout must be in [0, 1) (got {args.dropout})")
     if args.lr <= 0:
         raise UsageError(f"--lr must be positive (got {args.lr})")
-    cuda = torch.cuda.is_available() and args.device != "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda but no CUDA device is visible: use --device auto or cpu")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cuda = pick_device(args.device, args.backend, int(os.environ.get("LOCAL_WORLD_SIZE", 1)), gpus)[0] == "cuda"
     if args.sync_bn and not cuda:
         raise UsageError("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel): drop --sync-bn on CPU; "
                          "DDP's default broadcast_buffers=True keeps BatchNorm stats equal across ranks")
@@ -125,8 +135,6 @@ def validate(args) -> None:
             if not os.path.isdir(os.path.join(args.data_dir, split)):
                 raise UsageError(f"--data-dir {args.data_dir!r} has no {split}/ folder: imagefolder "
                                  "expects DATA_DIR/train/CLASS/*.jpg and DATA_DIR/val/CLASS/*.jpg")
-    if args.resume not in ("auto", "none") and not os.path.isfile(args.resume):
-        raise UsageError(f"--resume {args.resume!r}: no such file (use auto, none or a checkpoint path)")
     if args.precision == "fp16" and not cuda and int(os.environ.get("RANK", 0)) == 0:
         print("warning: --precision fp16 on a CPU is very slow (about 60x slower than fp32 here); "
               "use --precision bf16 on CPU", file=sys.stderr, flush=True)
@@ -148,17 +156,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pick_device(device: str, backend: str, local_world_size: int, gpus: int) -> tuple[str, str]:
+    """("cuda" or "cpu", backend) for one process of local_world_size on a node with `gpus` GPUs.
+
+    NCCL needs a GPU of its own for every process on the node (two ranks on one GPU fail with
+    "Duplicate GPU detected"), so --device auto falls back to the CPU with gloo when there are
+    fewer GPUs than processes, and --device cuda / --backend nccl refuse with the fix.
+    (ddp_lab.runtime.pick_backend makes the same decision.)
+    """
+    too_few = (f"{local_world_size} processes on this node but {gpus} GPU(s): NCCL needs one GPU per "
+               f"process; start --nproc_per_node={max(gpus, 1)} or use --device cpu")
+    if device == "cuda" and gpus == 0:
+        raise UsageError("--device cuda but no CUDA device is visible: use --device auto or cpu")
+    if device == "cuda" and gpus < local_world_size:
+        raise UsageError(too_few)
+    use_cuda = device == "cuda" or (device == "auto" and gpus >= local_world_size and gpus > 0)
+    if backend == "nccl" and not use_cuda:
+        raise UsageError(too_few if gpus else "--backend nccl needs CUDA GPUs: use --backend gloo on the CPU")
+    return ("cuda" if use_cuda else "cpu"), (backend if backend != "auto" else ("nccl" if use_cuda else "gloo"))
+
+
 def setup(args):
     """Join torchrun's group, or make a world of one so the same code runs unlaunched."""
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))  # picks the GPU; the global rank shards data
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if use_cuda:  # before init, so NCCL binds each process to its own GPU, not all to GPU 0
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
-        device = torch.device("cuda", torch.cuda.current_device())
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device_type, backend = pick_device(args.device, args.backend, local_world_size, gpus)
+    if device_type == "cuda":  # before init, so NCCL binds each process to its own GPU, not all to GPU 0
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    backend = args.backend if args.backend != "auto" else ("nccl" if use_cuda else "gloo")
     timeout = datetime.timedelta(seconds=args.timeout)  # a lost rank fails loudly, never hangs
     if "RANK" in os.environ:
         # A fresh key space per torchrun attempt: the restarted workers may otherwise read the
@@ -183,10 +212,11 @@ def load_digits_split():
     y = torch.tensor(d.target, dtype=torch.long)
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     X, y = X[order], y[order]
-    return TensorDataset(X[297:], y[297:]), TensorDataset(X[:297], y[:297]), (1, 8, 8), 10
+    return TensorDataset(X[297:], y[297:]), TensorDataset(X[:297], y[:297]), 10
 
 
 def build_data(args, rank):
+    """(train set, validation set, number of classes); each sample is (input tensor, class index)."""
     if args.dataset == "digits":
         return load_digits_split()
     if args.dataset == "synthetic":
@@ -194,7 +224,7 @@ def build_data(args, rank):
         g = torch.Generator().manual_seed(1234)  # same data on every rank, unrelated to --seed
         n, n_val = args.synthetic_size, max(1, args.synthetic_size // 8)
         X, y = torch.randn(n + n_val, *shape, generator=g), torch.randint(0, 10, (n + n_val,), generator=g)
-        return TensorDataset(X[:n], y[:n]), TensorDataset(X[n:], y[n:]), shape, 10
+        return TensorDataset(X[:n], y[:n]), TensorDataset(X[n:], y[n:]), 10
     import torchvision.transforms as T  # lazy: importing torchvision costs seconds
     from torchvision import datasets
 
@@ -208,16 +238,29 @@ def build_data(args, rank):
         try:
             train = datasets.CIFAR10(args.data_dir, train=True, transform=train_tf)
             val = datasets.CIFAR10(args.data_dir, train=False, transform=T.Compose([T.ToTensor(), norm]))
-        except RuntimeError:
-            raise UsageError(f"CIFAR-10 not found under --data-dir {args.data_dir!r}: add --download "
-                             "or point --data-dir at the folder holding cifar-10-batches-py") from None
-        return train, val, (3, 32, 32), 10
+        except RuntimeError:  # torchvision checks every file's md5: missing and corrupt look alike
+            raise UsageError(
+                f"CIFAR-10 not found or corrupted under --data-dir {args.data_dir!r} (torchvision checks "
+                "each file's md5): point --data-dir at the folder holding cifar-10-batches-py, or delete "
+                "that folder and add --download to fetch it again") from None
+        return train, val, 10
     norm = T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-    train = datasets.ImageFolder(os.path.join(args.data_dir, "train"), T.Compose(
-        [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm]))
-    val = datasets.ImageFolder(os.path.join(args.data_dir, "val"), T.Compose(
-        [T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm]))
-    return train, val, (3, 224, 224), len(train.classes)
+    folders = {split: os.path.join(args.data_dir, split) for split in ("train", "val")}
+    try:
+        train = datasets.ImageFolder(folders["train"], T.Compose(
+            [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm]))
+        val = datasets.ImageFolder(folders["val"], T.Compose(
+            [T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm]))
+    except FileNotFoundError as e:  # no class folders, or class folders without images
+        raise UsageError(f"imagefolder: {e}; expected DATA_DIR/train/CLASS/*.jpg and "
+                         "DATA_DIR/val/CLASS/*.jpg") from None
+    if train.classes != val.classes:  # labels are class indices: a missing class shifts all after it
+        only_train = sorted(set(train.classes) - set(val.classes))
+        only_val = sorted(set(val.classes) - set(train.classes))
+        raise UsageError(f"imagefolder: train/ and val/ must hold the same class folders (labels are "
+                         f"their sorted order); only in train/: {only_train or 'none'}, only in val/: "
+                         f"{only_val or 'none'}")
+    return train, val, len(train.classes)
 
 
 class ResumableSampler(DistributedSampler):
@@ -239,26 +282,33 @@ def eval_shard(n: int, rank: int, world_size: int) -> range:
 
 # ---------------------------------------------------------------- model
 def build_model(args, shape, classes):
-    c, h, w = shape
+    """shape: one input sample's shape. The MLPs flatten any shape; cnn and resnet18 need (C, H, W)."""
     if args.model in ("mlp", "wide_mlp"):  # same layers as ddp_lab.models.mlp / wide_mlp
         width, depth = args.hidden or (64 if args.model == "mlp" else 2048), 1 if args.model == "mlp" else 3
-        layers, d = [nn.Flatten()], c * h * w
+        layers, d = [nn.Flatten()], math.prod(shape)
         for _ in range(depth):
-            layers += [nn.Linear(d, width), nn.ReLU()]
+            layers += [nn.Linear(d, width), nn.ReLU()] + ([nn.Dropout(args.dropout)] if args.dropout else [])
             d = width
         return nn.Sequential(*layers, nn.Linear(d, classes))
+    if len(shape) != 3:
+        raise UsageError(f"--model {args.model} needs image samples shaped (channels, height, width); "
+                         f"this dataset's samples are shaped {tuple(shape)}: use --model mlp")
+    c, h, w = shape
     if args.model == "cnn":  # same layers (and state_dict keys) as ddp_lab.models.cnn
         norm = nn.BatchNorm2d if args.batch_norm else (lambda ch: nn.Identity())
         return nn.Sequential(
             nn.Conv2d(c, 32, 3, padding=1), norm(32), nn.ReLU(),
             nn.Conv2d(32, 64, 3, padding=1), norm(64), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(64 * (h // 2) * (w // 2), 128), nn.ReLU(), nn.Linear(128, classes))
+            nn.Flatten(), nn.Linear(64 * (h // 2) * (w // 2), 128), nn.ReLU(),
+            *([nn.Dropout(args.dropout)] if args.dropout else []), nn.Linear(128, classes))
     import torchvision  # lazy
 
     model = torchvision.models.resnet18(weights=None, num_classes=classes)
     if c != 3 or h < 64:  # small images: a 3x3 stem without the max-pool keeps spatial detail
         model.conv1 = nn.Conv2d(c, 64, 3, 1, 1, bias=False)
         model.maxpool = nn.Identity()
+    if args.dropout:
+        model.fc = nn.Sequential(nn.Dropout(args.dropout), model.fc)
     return model
 
 
@@ -271,47 +321,122 @@ def params_sha256(model: nn.Module) -> str:
 
 
 # ---------------------------------------------------------------- checkpoints and metrics
+def os_error_in(e: BaseException) -> OSError | None:
+    """The OSError behind an exception: torch.save wraps a failed write in a RuntimeError."""
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def describe_write_error(e: BaseException) -> str:
+    os_err = os_error_in(e)
+    if os_err is not None and os_err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no space left on device"
+    if os_err is not None and os_err.errno == errno.EFBIG:
+        return "file too large (a file-size limit, see ulimit -f)"
+    return os_err.strerror if os_err is not None and os_err.strerror else f"{type(e).__name__}: {e}"
+
+
 def save_checkpoint(path: str, state: dict) -> None:
-    """Temp file in the same folder, fsync, then rename: a kill mid-write leaves last.pt intact."""
+    """Temp file in the same folder, fsync, then rename: a kill or a full disk leaves last.pt intact."""
     tmp = path + ".tmp"
-    torch.save(state, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old or the new file
+    try:
+        with open(tmp, "wb") as f:  # a file object, so a failed write keeps its OSError (errno)
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old or the new file
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)  # never leave a half-written file behind
+        raise
 
 
 def check_writable(folder: str) -> str | None:
+    probe = os.path.join(folder, f".write_probe_{os.getpid()}")
     try:
         os.makedirs(folder, exist_ok=True)
-        probe = os.path.join(folder, f".write_probe_{os.getpid()}")
         with open(probe, "w") as f:
             f.write("ok")
-        os.remove(probe)
+            f.flush()
+            os.fsync(f.fileno())
     except OSError as e:
-        return (f"--ckpt-dir {folder!r} is not writable ({e.strerror}): choose a folder you can "
-                "write, or drop --ckpt-dir")
+        full = os_error_in(e).errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        return (f"--ckpt-dir {folder!r} is not writable ({describe_write_error(e)}): "
+                + ("free space, or " if full else "") + "choose a folder you can write, or drop --ckpt-dir")
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(probe)
     return None
 
 
-def load_checkpoint(path: str, args, device, model: nn.Module):
+# What a checkpoint's tensors depend on: resuming with any of these changed is refused, naming it.
+SPEC_FLAGS = {"model": "--model", "width": "--hidden", "batch_norm": "--batch-norm", "dropout": "--dropout",
+              "dataset": "--dataset", "train_samples": "training samples", "classes": "classes",
+              "input_shape": "input shape"}
+
+
+def run_spec(args, train_set, classes, shape) -> dict:
+    width = args.hidden or (64 if args.model == "mlp" else 2048) if "mlp" in args.model else None
+    return {"model": args.model, "width": width, "batch_norm": args.batch_norm, "dropout": args.dropout,
+            "dataset": args.dataset, "train_samples": len(train_set), "classes": classes,
+            "input_shape": list(shape)}
+
+
+def read_checkpoint(path: str, spec: dict):
+    """(checkpoint, None) or (None, the one-line reason it cannot be resumed)."""
     try:  # weights_only: a checkpoint is data, never code to run
-        ckpt = torch.load(path, map_location=device, weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         return None, f"cannot read checkpoint {path!r} ({type(e).__name__}): delete it or pass --resume none"
-    if not isinstance(ckpt, dict) or not {"model", "optimizer", "step", "config"} <= ckpt.keys():
+    if not isinstance(ckpt, dict) or not {"model", "optimizer", "step", "spec"} <= ckpt.keys():
         return None, f"{path!r} is not a train_ddp.py checkpoint: pass another --ckpt-dir or --resume none"
-    old = ckpt["config"].get("model")
-    msg = (f"checkpoint {path!r} was written by --model {old}"
-           f"{' --batch-norm' if ckpt['config'].get('batch_norm') else ''} and does not fit "
-           f"--model {args.model}{' --batch-norm' if args.batch_norm else ''}: use another --ckpt-dir, "
-           "the same model flags, or --resume none to start over (this run would then replace it)")
-    if old != args.model:
-        return None, msg
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError:
-        return None, msg
+    differ = [k for k, v in spec.items() if ckpt["spec"].get(k) != v]
+    if differ:
+        old = ", ".join(f"{SPEC_FLAGS[k]} {ckpt['spec'].get(k)}" for k in differ)
+        new = ", ".join(f"{SPEC_FLAGS[k]} {spec[k]}" for k in differ)
+        return None, (f"checkpoint {path!r} does not fit this run: it was written with {old}, this run has "
+                      f"{new}; use the same settings, another --ckpt-dir, or --resume none to start over "
+                      "(this run would then replace it)")
     return ckpt, None
+
+
+def resume_state(args, rank: int, spec: dict):
+    """(checkpoint or None, path) on every rank. Rank 0 finds and reads the file and broadcasts
+    it, so the other ranks need no copy (nodes without a shared filesystem resume too) and every
+    rank reaches the same verdict. The checkpoint is rank 0's save: every rank needs all of it."""
+    box = [None, None, None]  # checkpoint, path, error
+    if rank == 0:
+        path = args.resume if args.resume not in ("auto", "none") else None
+        auto = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
+        if args.resume == "auto" and auto and os.path.isfile(auto):
+            path = auto
+        if path and not os.path.isfile(path):
+            box = [None, path, f"--resume {path!r}: no such file (use auto, none or a checkpoint path)"]
+        elif path:
+            ckpt, err = read_checkpoint(path, spec)
+            box = [ckpt, path, err]
+    dist.broadcast_object_list(box, src=0)
+    if box[2]:
+        raise UsageError(box[2])
+    return box[0], box[1]
+
+
+def rng_state(device) -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None}
+
+
+def set_rng_state(state: dict, device) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate(state["python"])
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Each rank's own random stream (dropout, augmentation), distinct from the init stream."""
+    return seed + 1_000_003 * (rank + 1)
 
 
 class Metrics:
@@ -343,7 +468,8 @@ def progress_bar(total, initial, enabled):
 def train(args, rank, world_size, device, backend):
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)
     is_main = rank == 0
-    train_set, val_set, shape, classes = build_data(args, rank)
+    train_set, val_set, classes = build_data(args, rank)
+    shape = tuple(train_set[0][0].shape)  # one input sample's shape, read from the data itself
     err = None
     if world_size > len(train_set):
         err = (f"{world_size} ranks but only {len(train_set)} training samples: every rank needs at "
@@ -359,11 +485,16 @@ def train(args, rank, world_size, device, backend):
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         raw_model = model
+    # NEW: from here on each rank draws its own dropout masks and augmentations (the same stream
+    # on every rank would make N ranks see N copies of one random view of their data).
+    torch.manual_seed(rank_seed(args.seed, rank))
+    random.seed(rank_seed(args.seed, rank))
+    spec = run_spec(args, train_set, classes, shape)
 
     sampler = ResumableSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    loader_rng = torch.Generator()  # seeds DataLoader workers; reseeded per rank and epoch below
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
-                        num_workers=args.num_workers, pin_memory=device.type == "cuda",
-                        generator=torch.Generator().manual_seed(args.seed))
+                        num_workers=args.num_workers, pin_memory=device.type == "cuda", generator=loader_rng)
     batches_per_epoch = math.ceil(sampler.num_samples / args.batch_size)
     steps_per_epoch = math.ceil(batches_per_epoch / args.accum_steps)
     total_steps = args.epochs * steps_per_epoch  # the schedule's length; --max-steps only stops early
@@ -390,13 +521,13 @@ def train(args, rank, world_size, device, backend):
 
     # Resume before DDP wraps the model: DDP broadcasts rank 0's weights at construction.
     epoch, batch_in_epoch, step = 0, 0, 0
-    path = args.resume if args.resume not in ("auto", "none") else None
-    if args.resume == "auto" and args.ckpt_dir and os.path.isfile(os.path.join(args.ckpt_dir, "last.pt")):
-        path = os.path.join(args.ckpt_dir, "last.pt")
-    ckpt = None
-    if path:
-        ckpt, err = load_checkpoint(path, args, device, raw_model)
-        agree(err)
+    ckpt, path = resume_state(args, rank, spec)
+    if ckpt is not None:
+        try:
+            raw_model.load_state_dict(ckpt["model"])
+        except RuntimeError:  # same settings, other tensors: a checkpoint edited or from another version
+            raise UsageError(f"checkpoint {path!r} does not fit this model: use another --ckpt-dir or "
+                             "--resume none") from None
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
@@ -408,13 +539,11 @@ def train(args, rank, world_size, device, backend):
             if is_main:
                 print(f"resume: world size / batch size / accumulation changed; epoch {epoch} restarts")
             batch_in_epoch = 0
-        torch.set_rng_state(ckpt["rng"]["torch"].cpu())
-        random.setstate(ckpt["rng"]["python"])
-        if device.type == "cuda" and ckpt["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu())
+        if len(ckpt["rng"]) == world_size:  # every rank continues its own random stream
+            set_rng_state(ckpt["rng"][rank], device)
 
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                    bucket_cap_mb=args.bucket_cap_mb)
+                    bucket_cap_mb=args.bucket_cap_mb)  # None: DDP's default buckets
     comm_calls = [0]
     if args.grad_compression != "none" or args.count_comm:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
@@ -446,17 +575,30 @@ def train(args, rank, world_size, device, backend):
     val_loader = DataLoader(Subset(val_set, list(val_idx)), batch_size=256, num_workers=args.num_workers)
     last_pt = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
 
+    saved_step = [ckpt["step"] if ckpt is not None and path == last_pt else None]
+
     def save(epoch, batch_in_epoch):
+        rngs = [None] * world_size
+        dist.all_gather_object(rngs, rng_state(device))  # every rank's random stream, for an exact resume
+        err = None
         if is_main:
-            save_checkpoint(last_pt, {
-                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-                "epoch": epoch, "batch_in_epoch": batch_in_epoch, "step": step,
-                "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                        "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None},
-                "config": {**vars(args), "world_size": world_size}})
-            metrics.write("ckpt", step=step, path=last_pt)
-        dist.barrier()  # nobody runs ahead (or exits) before the checkpoint is complete
+            try:
+                save_checkpoint(last_pt, {
+                    "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+                    "epoch": epoch, "batch_in_epoch": batch_in_epoch, "step": step, "rng": rngs,
+                    "spec": spec, "config": {**vars(args), "world_size": world_size}})
+                metrics.write("ckpt", step=step, path=last_pt)
+            except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
+                if os_error_in(e) is None:
+                    raise
+                kept = (f"last.pt is still the step-{saved_step[0]} checkpoint" if saved_step[0] is not None
+                        else "last.pt was left as it was" if os.path.exists(last_pt) else "nothing was written")
+                err = (f"{describe_write_error(e)} while saving {last_pt} at step {step}; the temporary file "
+                       f"was removed and {kept}: free space or choose another --ckpt-dir, then run again")
+            else:
+                saved_step[0] = step
+        agree(err)  # nobody runs ahead (or exits) before the checkpoint is complete, or all stop
 
     def evaluate(epoch):
         raw_model.eval()  # the unwrapped model: ranks may hold different batch counts here
@@ -486,6 +628,7 @@ def train(args, rank, world_size, device, backend):
     model.train()
     while epoch < args.epochs and step < max_steps:
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        loader_rng.manual_seed(rank_seed(args.seed, rank) + epoch)  # workers' seeds: per rank and epoch
         sampler.skip = batch_in_epoch * args.batch_size
         i = batch_in_epoch
         for x, y in loader:
@@ -562,8 +705,15 @@ def main(argv=None):
     try:
         validate(args)
         rank, world_size, _, device, backend = setup(args)
-        try:  # train() returns first, so DDP and its hooks are gone before the group is destroyed
+        try:
             train(args, rank, world_size, device, backend)
+            # train()'s frame (its DDP model, the gloo/NCCL state that holds) can outlive its
+            # return: the first optimizer lazily imports torch._dynamo, and an import-time reference
+            # cycle in torch (torch.fx.wrap keeps its own frame, pytorch/pytorch#195586) pins every
+            # frame then on the stack until Python's cycle collector runs. Freed only at interpreter
+            # exit, after destroy_process_group, it aborts a finished rank ("terminate called without
+            # an active exception"). Collect it now, while the group still exists.
+            gc.collect()
         finally:
             dist.destroy_process_group()
     except UsageError as e:

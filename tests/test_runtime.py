@@ -3,8 +3,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import PROGRAMS
-from ddp_lab import launch
+from ddp_lab import launch, runtime
 
 
 def test_unlaunched_program_is_a_world_of_one(tmp_path):
@@ -42,3 +44,45 @@ def test_collective_timeout_fails_a_lost_rank_loudly(tmp_path):
         assert "rank 0 failed" in str(e)
     else:
         raise AssertionError("a barrier with a missing rank must fail")
+
+
+def _train_ddp_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_ddp_for_test", launch.script("train_ddp.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("processes,gpus", [(p, g) for p in (1, 2, 4) for g in (0, 1, 2, 4, 8)])
+def test_script_and_runtime_pick_the_same_device(monkeypatch, processes, gpus):
+    """NCCL needs a GPU per process: both fall back to gloo on the CPU with fewer GPUs."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+    monkeypatch.delenv(runtime.BACKEND_ENV, raising=False)
+    backend, device = runtime.pick_backend()
+    assert (device, backend) == (("cuda", "nccl") if gpus >= processes else ("cpu", "gloo"))
+    assert _train_ddp_module().pick_device("auto", "auto", processes, gpus) == (device, backend)
+
+
+@pytest.mark.parametrize("processes,gpus", [(2, 1), (4, 2), (2, 0)])
+def test_forcing_nccl_with_too_few_gpus_names_the_fix(monkeypatch, processes, gpus):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+    monkeypatch.setenv(runtime.BACKEND_ENV, "nccl")
+    with pytest.raises(RuntimeError, match="NCCL needs one GPU per process"):
+        runtime.pick_backend()
+    mod = _train_ddp_module()
+    needle = f"{processes} processes on this node but {gpus} GPU" if gpus else "--backend nccl needs CUDA"
+    with pytest.raises(mod.UsageError, match=needle):
+        mod.pick_device("auto", "nccl", processes, gpus)
+    if gpus:
+        with pytest.raises(mod.UsageError, match=f"--nproc_per_node={gpus}"):
+            mod.pick_device("cuda", "auto", processes, gpus)

@@ -82,10 +82,10 @@ real_save = torch.save
 def dying_save(obj, f, *args, **kwargs):  # write half the checkpoint, then die like a killed job
     buf = io.BytesIO()
     real_save(obj, buf, *args, **kwargs)
-    with open(f, "wb") as out:
-        out.write(buf.getvalue()[: len(buf.getvalue()) // 2])
-        out.flush()
-        os.fsync(out.fileno())
+    out = f if hasattr(f, "write") else open(f, "wb")  # the script passes an open file
+    out.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+    out.flush()
+    os.fsync(out.fileno())
     os.kill(os.getpid(), signal.SIGKILL)
 torch.save = dying_save
 script = sys.argv[1]

@@ -1,0 +1,132 @@
+"""Flaky is broken: run what starts processes many times in a row, under load, and count failures.
+
+    .venv/bin/python benchmarks/stress.py                 # make stress: everything (~30 min, 2 cores)
+    .venv/bin/python benchmarks/stress.py --runs 5 --passes 0   # a quick look at the scripts only
+
+1. scripts/train_ddp.py and scripts/minimal_ddp.py as 2-rank torchrun jobs, --runs times each,
+   in --loops loops at once so the machine is busy (the configuration that used to abort at exit
+   one run in five: --metrics-out set, a record every step).
+2. Every notebook that launches programs (solutions included), --passes times in a row under
+   nbval, as `make test` runs them.
+
+Prints `N runs, K failures` for each part and in total, with the last lines of every failure;
+exits 1 on any failure. Not part of `make test`: it measures reliability, it does not prove it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_ARGS = ["--model", "mlp", "--optimizer", "adamw", "--epochs", "2", "--batch-size", "64",
+              "--accum-steps", "2", "--log-every", "1", "--progress", "off"]
+
+
+def torchrun(script: str, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            str(ROOT / "scripts" / script), *args]
+
+
+def script_job(script: str, i: int, folder: Path) -> list[str]:
+    if script == "train_ddp.py":
+        return torchrun(script, [*TRAIN_ARGS, "--seed", str(i), "--metrics-out", str(folder / f"m{i}.jsonl")])
+    return torchrun(script, [])
+
+
+def run_one(cmd: list[str], cwd: Path, env: dict, timeout: float) -> tuple[bool, str]:
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return False, f"timed out after {timeout:g} s\n{out[-1500:]}"
+    return p.returncode == 0, f"exit {p.returncode}\n" + (p.stdout + p.stderr)[-1500:]
+
+
+def stress_scripts(runs: int, loops: int, timeout: float) -> tuple[int, list[str]]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    failures, done, lock = [], [0], threading.Lock()
+    total = 2 * runs
+    with tempfile.TemporaryDirectory(prefix="ddp_lab_stress_") as d:
+        folder = Path(d)
+        jobs = [(s, i) for i in range(runs) for s in ("train_ddp.py", "minimal_ddp.py")]
+
+        def one(job):
+            script, i = job
+            cwd = folder / f"{script}-{i}"
+            cwd.mkdir()
+            ok, tail = run_one(script_job(script, i, cwd), cwd, env, timeout)
+            with lock:
+                done[0] += 1
+                if not ok:
+                    failures.append(f"{script} run {i}: {tail}")
+                print(f"\r  scripts: {done[0]}/{total} runs, {len(failures)} failures", end="", flush=True)
+
+        with ThreadPoolExecutor(loops) as pool:
+            list(pool.map(one, jobs))
+    print()
+    return total, failures
+
+
+def launching_notebooks() -> list[Path]:
+    found = []
+    for nb in sorted((ROOT / "notebooks").rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in nb.parts:
+            continue
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        if any("launch." in "".join(c["source"]) for c in cells if c["cell_type"] == "code"):
+            found.append(nb)
+    return found
+
+
+def stress_notebooks(passes: int, timeout: float) -> tuple[int, list[str]]:
+    notebooks = launching_notebooks()
+    failures, n = [], 0
+    for p in range(passes):
+        for nb in notebooks:
+            n += 1
+            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(nb)]
+            ok, tail = run_one(cmd, ROOT, dict(os.environ), timeout)
+            if not ok:
+                failures.append(f"pass {p + 1} {nb.relative_to(ROOT)}: {tail}")
+            print(f"\r  notebooks: {n}/{passes * len(notebooks)} runs, {len(failures)} failures",
+                  end="", flush=True)
+    print()
+    return n, failures
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=30, help="2-rank jobs per script")
+    ap.add_argument("--loops", type=int, default=2, help="jobs running at once")
+    ap.add_argument("--passes", type=int, default=3, help="nbval passes over the launching notebooks")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per job or notebook")
+    a = ap.parse_args(argv)
+    start = time.time()
+    results = []
+    if a.runs:
+        print(f"scripts: train_ddp.py and minimal_ddp.py, {a.runs} runs each, {a.loops} at once")
+        results.append(("scripts (2 ranks)", *stress_scripts(a.runs, a.loops, a.timeout)))
+    if a.passes:
+        print(f"notebooks: {len(launching_notebooks())} launching notebooks, {a.passes} passes under nbval")
+        results.append(("notebooks (nbval)", *stress_notebooks(a.passes, a.timeout)))
+    for _, _, failures in results:
+        for f in failures:
+            print(f"\n--- failure: {f}")
+    print()
+    for name, n, failures in results:
+        print(f"{name}: {n} runs, {len(failures)} failures")
+    n, k = sum(r[1] for r in results), sum(len(r[2]) for r in results)
+    print(f"total: {n} runs, {k} failures in {(time.time() - start) / 60:.1f} min")
+    return 1 if k else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
