@@ -20,7 +20,6 @@
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime
 import gc
@@ -142,49 +141,25 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-_exit_status = 0
-
-
-def _exit_without_finalizers() -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(_exit_status)
-
-
 @contextlib.contextmanager
 def distributed(timeout: float | None = None):
     """setup() ... teardown() in `finally`, so a failing rank still releases the group.
 
     A DDP model (and the gloo state it holds) must be freed before destroy_process_group: freed
-    at interpreter exit instead, it can abort a rank that finished its work ("terminate called
-    without an active exception", SIGABRT). Two things keep one alive past this block:
-    - a reference cycle: torch's first optimizer lazily imports torch._dynamo, and an import-time
-      cycle in torch (torch.fx.wrap keeps its own frame, pytorch/pytorch#195586) pins every frame
-      then on the stack, so a model local to a function outlives the function's return. The
-      gc.collect() before teardown frees it;
-    - a plain reference: a `model` assigned at module level (the lesson programs are short
-      scripts that do this) lives until interpreter exit, whatever we collect. So under torchrun
-      the process ends with os._exit once Python's own exit work is done (tracebacks printed,
-      atexit handlers run, output flushed), before interpreter finalization.
+    during interpreter exit instead, it can abort a rank that finished its work ("terminate
+    called without an active exception", SIGABRT). What kept models alive that long was a
+    reference cycle: torch's first optimizer lazily imports torch._dynamo, and an import-time
+    cycle in torch (torch.fx.wrap keeps its own frame, pytorch/pytorch#195586) pins every frame
+    then on the stack, so a model local to a function outlived the function's return until the
+    cycle collector ran. The gc.collect() before teardown frees it while the group still exists.
     """
-    global _exit_status
     ctx = setup(timeout)
-    status = 0
     try:
         yield ctx
-    except SystemExit as e:
-        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        raise
-    except BaseException:
-        status = 1
-        raise
     finally:
         sys.stdout.flush()
-        gc.collect()  # free what cycles still hold (DDP models in returned frames) while the group exists
+        gc.collect()  # what reference cycles still hold (see above), freed while the group exists
         teardown()
-        if ctx.launched:
-            _exit_status = status
-            atexit.register(_exit_without_finalizers)  # runs before interpreter finalization
 
 
 def all_reduce_mean(sum_and_count: list[float], device: torch.device | str = "cpu") -> float:
