@@ -10,12 +10,14 @@ cell's interrupt button does not reach the workers, and a kernel restart
 leaves them running. This module instead:
 
 - runs `sys.executable -m torch.distributed.run` (the kernel's own Python);
-- streams every rank's output live, one whole line at a time, as `[rank N] ...`;
+- streams every rank's output live as `[rank N] ...`, in batches (a kernel that
+  is slow to accept output never slows or times out the job), showing at most
+  SHOW_HEAD + SHOW_TAIL lines; every line stays in `Run.log`;
 - gives each launch its own port (`--standalone`, or a free port for nnodes > 1);
 - puts a small guardian (ddp_lab._reaper) between the kernel and torchrun that
   kills the whole tree on timeout, on interrupt and when the kernel dies;
-- raises LaunchError carrying the failing rank's own exception, not torchrun's
-  ChildFailedError banner (that stays in `LaunchError.run.log`);
+- raises LaunchError naming the rank that failed first and why (ddp_lab._rootcause),
+  not torchrun's ChildFailedError banner (that stays in `LaunchError.run.log`);
 - sets OMP_NUM_THREADS to cores // processes (torchrun alone would force 1 and
   print a warning banner); pass `threads=` to choose.
 """
@@ -25,6 +27,7 @@ import json
 import os
 import queue
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -34,24 +37,25 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
+from ddp_lab._rootcause import root_cause
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 RECORDS_ENV = "DDP_LAB_RECORDS"  # same name as ddp_lab.runtime.RECORDS_ENV (no torch import here)
 
-_RANK_PREFIX = re.compile(r"^\[(\d+)\]:(.*)$")  # torchrun --log-line-prefix-template "[${rank}]:"
-_ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
-_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+# What a launch shows live: the first SHOW_HEAD lines, then the last SHOW_TAIL at the end.
+# A Jupyter kernel takes a few thousand flushed writes a second; a program printing 100k
+# lines would otherwise spend minutes in the display. Every line stays in Run.log.
+SHOW_HEAD, SHOW_TAIL = 1000, 1000
+FLUSH_EVERY_S, FLUSH_LINES = 0.1, 200  # one write per batch, not one per line
+
 _TORCH_RANK_TAG = re.compile(r"^\[rank\d+\]: ?")  # torch tags uncaught exceptions itself
-# A rank that died *because another rank died* reports a broken connection or a
-# timed-out collective; the rank that really failed is the one that did not.
-_SECONDARY = re.compile(r"Connection (reset|closed)|DistBackendError|DistNetworkError|"
-                        r"Broken pipe|timed out|Timeout|NCCL communicator|pair\.cc|"
-                        r"SignalException|ProcessGroup.*(abort|shut)", re.I)
 
 
 class LaunchError(RuntimeError):
@@ -102,14 +106,20 @@ def _program_argv(program) -> list[str]:
     if parts[0] == "-m":
         return parts
     path = Path(parts[0])
-    if not path.exists() and (SCRIPTS / path.name).exists() and not path.is_absolute():
+    # Only a bare name may mean the workbook's own script: "myproj/train_ddp.py" that does
+    # not exist must not quietly run scripts/train_ddp.py instead.
+    bare = not any(sep in parts[0] for sep in filter(None, (os.sep, os.altsep)))
+    if not path.exists() and bare and (SCRIPTS / path.name).exists():
         path = SCRIPTS / path.name
     if not path.exists():
-        raise FileNotFoundError(f"no such program: {parts[0]} (give a path, or '-m package.module')")
+        where = f" nor in {SCRIPTS}" if bare else ""
+        raise FileNotFoundError(
+            f"no such program: {parts[0]} (not in {Path.cwd()}{where}; give a path that exists, "
+            f"a name from the workbook's scripts/, or '-m package.module')")
     return [str(path.resolve()), *parts[1:]]
 
 
-def _node_cmd(program_argv, nproc, nnodes, node_rank, port, max_restarts, args) -> list[str]:
+def _node_cmd(program_argv, nproc, nnodes, node_rank, port, max_restarts, args, prefix) -> list[str]:
     if nnodes == 1:
         rdzv = ["--standalone"]
     else:  # static rendezvous, as on two real machines (see notebook 00)
@@ -118,13 +128,100 @@ def _node_cmd(program_argv, nproc, nnodes, node_rank, port, max_restarts, args) 
     return [sys.executable, "-m", "ddp_lab._reaper", str(os.getpid()), "--",
             sys.executable, "-m", "torch.distributed.run", *rdzv,
             "--nproc_per_node", str(nproc), "--max_restarts", str(max_restarts),
-            "--tee", "3", "--log-line-prefix-template", "[${rank}]:", *program_argv, *map(str, args)]
+            "--tee", "3", "--log-line-prefix-template", prefix, *program_argv, *map(str, args)]
 
 
-def _reader(stream, node, q) -> None:
+def _reader(stream, key, q, ended) -> None:
     for line in iter(stream.readline, ""):
-        q.put((node, line.rstrip("\n")))
-    q.put((node, None))
+        q.put((key, line.rstrip("\n")))
+    ended[key] = time.time()  # the job's own end, however long the display takes after it
+    q.put((key, None))
+
+
+class _Output:
+    """Splits torchrun's output into ranks' lines, keeps all of them, shows a bounded part.
+
+    torchrun tails each worker's stdout and stderr files and writes `PREFIX + what it read`.
+    What it read need not end in a newline: an input() prompt, a tqdm bar after its "\\r",
+    or half of a print() (the text and its newline are two writes). Such a piece runs into
+    whatever torchrun writes next, often another rank's piece. So the prefix carries a
+    per-launch token, found anywhere in a line and never mistaken for a worker's text or for
+    torchrun's own "[0]:" banner lines, and a piece without its newline is held per
+    (pipe, rank) until the rest of its line arrives.
+    """
+
+    def __init__(self, stream: bool):
+        self.token = f"ddp-lab-{secrets.token_hex(4)}"
+        self.prefix = f"<{self.token}:${{rank}}>"  # torchrun fills in ${rank}
+        self.split = re.compile(rf"<{self.token}:(\d+)>").split
+        self.lines: list[str] = []
+        self.rank_lines: dict[int, list[str]] = {}  # stdout and stderr, as they came
+        self.rank_errors: dict[int, list[str]] = {}  # stderr only: tracebacks, never cut by a print
+        self.held: dict[tuple, str] = {}
+        self.out = sys.stdout if stream else None
+        self.pending: list[str] = []
+        self.shown, self.hidden, self.last_flush = 0, 0, time.monotonic()
+        self.tail: deque = deque(maxlen=SHOW_TAIL)
+
+    def feed(self, line: str, pipe: tuple) -> None:
+        parts = self.split(line)
+        if parts[0] or len(parts) == 1:  # torchrun's own output: kept in the log, not shown
+            self.lines.append(parts[0])
+        pieces = list(zip(parts[1::2], parts[2::2]))
+        for i, (rank, text) in enumerate(pieces):
+            key = (pipe, int(rank))
+            if i < len(pieces) - 1:  # another piece follows before the newline: this one has none
+                self.held[key] = self.held.get(key, "") + text
+            else:
+                self._rank_line(key, self.held.pop(key, "") + text)
+
+    def end(self, pipe: tuple) -> None:
+        """The pipe closed: what is still held will get no newline."""
+        for key in [k for k in self.held if k[0] == pipe]:
+            self._rank_line(key, self.held.pop(key))
+
+    def _rank_line(self, key: tuple, text: str) -> None:
+        (_, stream), rank = key
+        self.lines.append(f"[{rank}]:{text}")
+        text = _TORCH_RANK_TAG.sub("", text)
+        self.rank_lines.setdefault(rank, []).append(text)
+        if stream == "err":
+            self.rank_errors.setdefault(rank, []).append(text)
+        if self.out is not None and text.strip():  # "\r" of a progress bar leaves empty lines
+            self._show(f"[rank {rank}] {text}")
+
+    def _show(self, line: str) -> None:
+        if self.shown + len(self.pending) < SHOW_HEAD:
+            self.pending.append(line)
+            if self.shown + len(self.pending) == SHOW_HEAD:
+                self.pending.append(f"[launch] more than {SHOW_HEAD:,} lines: the last {SHOW_TAIL:,} "
+                                    f"are shown when the job ends; the full log is in run.log")
+            return
+        if len(self.tail) == self.tail.maxlen:
+            self.hidden += 1
+        self.tail.append(line)
+
+    def flush(self, force: bool = False) -> None:
+        """Write what is pending as one batch when it is big or old enough (or forced)."""
+        if not self.pending or not (force or len(self.pending) >= FLUSH_LINES
+                                    or time.monotonic() - self.last_flush >= FLUSH_EVERY_S):
+            return
+        batch, self.pending = self.pending, []
+        self.shown += len(batch)
+        self.out.write("\n".join(batch) + "\n")
+        self.out.flush()
+        self.last_flush = time.monotonic()
+
+    def close(self) -> None:
+        for key in list(self.held):
+            self._rank_line(key, self.held.pop(key))
+        if self.out is None:
+            return
+        if self.hidden:
+            self.pending.append(f"... {self.hidden:,} lines not shown; the full log is in run.log")
+        self.pending.extend(self.tail)
+        self.tail.clear()
+        self.flush(force=True)
 
 
 def _kill_all(procs, grace: float = 5.0) -> None:
@@ -162,9 +259,10 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
              stream: bool = True) -> Run:
     """Run `program` on nproc processes per node (nnodes simulated nodes on localhost).
 
-    program: a script path (relative paths also resolve in scripts/) or "-m module".
-    Returns a Run; raises LaunchError on failure or timeout. KeyboardInterrupt
-    (the notebook's stop button) kills every process and is re-raised.
+    program: a script path, a bare name from the workbook's scripts/ ("train_ddp.py"),
+    or "-m module". Returns a Run; raises LaunchError on failure or timeout (the job's
+    own time: a slow display does not count). KeyboardInterrupt (the notebook's stop
+    button) kills every process and is re-raised.
     """
     if nproc < 1 or nnodes < 1:
         raise ValueError(f"nproc and nnodes must be at least 1 (got nproc={nproc}, nnodes={nnodes})")
@@ -184,58 +282,66 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     # Keep children importing this checkout's ddp_lab even from a notebook folder.
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
     port = free_port()
-    cmds = [_node_cmd(program_argv, nproc, nnodes, i, port, max_restarts, args) for i in range(nnodes)]
+    output = _Output(stream)
+    cmds = [_node_cmd(program_argv, nproc, nnodes, i, port, max_restarts, args, output.prefix)
+            for i in range(nnodes)]
 
+    # Reader threads drain the pipes into a queue, so the job never waits for this thread,
+    # which may be slow to display (a busy kernel). The timeout and wall_s are the job's:
+    # `ended` holds when each pipe closed, i.e. when the processes writing it were gone.
+    # stdout and stderr stay apart so that a rank's traceback is never cut by its prints.
     q: queue.Queue = queue.Queue()
-    procs, lines, rank_lines = [], [], {}
+    procs, ended = [], {}
     start = time.time()
     try:
         for node, cmd in enumerate(cmds):
-            p = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            p = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1)
             procs.append(p)
-            threading.Thread(target=_reader, args=(p.stdout, node, q), daemon=True).start()
-        open_streams = len(procs)
+            for key, pipe in (((node, "out"), p.stdout), ((node, "err"), p.stderr)):
+                threading.Thread(target=_reader, args=(pipe, key, q, ended), daemon=True).start()
+        open_streams = n_streams = 2 * len(procs)
         while open_streams:
-            if time.time() - start > timeout:
+            if len(ended) < n_streams and time.time() - start > timeout:
                 _kill_all(procs)
-                run = _finish(procs, start, lines, rank_lines, records_dir, cmds)
-                raise LaunchError(_timeout_message(timeout, rank_lines), run)
+                output.close()
+                run = _finish(procs, start, output, records_dir, cmds, ended)
+                raise LaunchError(_timeout_message(timeout, output.rank_lines), run)
             try:
-                node, line = q.get(timeout=0.1)
+                key, line = q.get(timeout=FLUSH_EVERY_S / 2)
             except queue.Empty:
-                continue
-            if line is None:
-                open_streams -= 1
-                continue
-            lines.append(line)
-            m = _RANK_PREFIX.match(line)
-            if m:
-                rank = int(m.group(1))
-                text = _TORCH_RANK_TAG.sub("", m.group(2))
-                rank_lines.setdefault(rank, []).append(text)
-                if stream:
-                    print(f"[rank {rank}] {text}", flush=True)
+                pass
+            else:
+                if line is None:
+                    open_streams -= 1
+                    output.end(key)
+                else:
+                    output.feed(line, key)
+            output.flush()
+        output.close()
         for p in procs:
             p.wait()
     except KeyboardInterrupt:
         _kill_all(procs)
         shutil.rmtree(records_dir, ignore_errors=True)
+        output.close()
         print("[launch] interrupted: every process of this launch was stopped", flush=True)
         raise
-    run = _finish(procs, start, lines, rank_lines, records_dir, cmds)
+    run = _finish(procs, start, output, records_dir, cmds, ended)
     if run.returncode != 0:
-        message, rank = root_cause(run.log, rank_lines)
+        message, rank = root_cause(run.log, run.rank_lines, output.rank_errors)
         raise LaunchError(message, run, rank)
     return run
 
 
-def _finish(procs, start, lines, rank_lines, records_dir, cmds) -> Run:
+def _finish(procs, start, output, records_dir, cmds, ended) -> Run:
     codes = [p.returncode if p.returncode is not None else -9 for p in procs]
     records = read_records(records_dir)
     shutil.rmtree(records_dir, ignore_errors=True)
-    return Run(returncode=next((c for c in codes if c != 0), 0), wall_s=time.time() - start,
-               log="\n".join(lines) + "\n", records=records, cmd=cmds, rank_lines=rank_lines)
+    end = max(ended.values()) if len(ended) == 2 * len(procs) else time.time()
+    return Run(returncode=next((c for c in codes if c != 0), 0), wall_s=end - start,
+               log="\n".join(output.lines) + "\n", records=records, cmd=cmds,
+               rank_lines=output.rank_lines)
 
 
 def read_records(folder) -> list:
@@ -255,64 +361,9 @@ def read_records(folder) -> list:
 
 
 def _timeout_message(timeout, rank_lines) -> str:
-    last = "; ".join(f"rank {r}: {ls[-1].strip()[:80]!r}" for r, ls in sorted(rank_lines.items()) if ls)
+    said = {r: [l.strip() for l in ls if l.strip()] for r, ls in sorted(rank_lines.items())}
+    last = "; ".join(f"rank {r}: {ls[-1][:80]!r}" for r, ls in said.items() if ls)
     return (f"timed out after {timeout:g} s; every process of this launch was killed. "
             f"A rank waiting forever in a collective usually means the ranks disagree on how many "
             f"collectives to run (uneven batches?). Last output: {last or 'none'}")
 
-
-def root_cause(log: str, rank_lines: dict) -> tuple[str, int | None]:
-    """The failing rank's own exception, found in torchrun's 'Root Cause' block and that rank's output."""
-    rank, exitcode = None, None
-    tail = log.split("Root Cause (first observed failure):", 1)
-    if len(tail) == 2:
-        for line in tail[1].splitlines():
-            m = _ROOT_CAUSE_RANK.match(line)
-            if m and rank is None:
-                rank = int(m.group(1))
-            m = _EXITCODE.match(line)
-            if m and exitcode is None:
-                exitcode = int(m.group(1))
-    found = {r: tb for r in sorted(rank_lines) if (tb := _last_traceback(rank_lines[r]))}
-    primary = [r for r, (exc, _) in found.items() if not _SECONDARY.search(exc)]
-    order = primary + ([rank] if rank in found else []) + sorted(found)
-    if order:
-        r = order[0]
-        exc_line, text = found[r]
-        return f"rank {r} failed: {exc_line}\n\n{text}", r
-    if exitcode is not None and exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return f"rank {rank} was killed by {name} (exit code {exitcode})", rank
-    # No traceback: a program that exits with a message of its own (e.g. "error: ..." on
-    # rank 0 only, as scripts/train_ddp.py does for bad input) says it on its last line.
-    said = []
-    for r, ls in sorted(rank_lines.items()):
-        nonblank = [l.strip() for l in ls if l.strip()]
-        if nonblank:
-            said.append((r, nonblank[-1]))
-    said.sort(key=lambda rl: (not rl[1].lower().startswith("error"), rl[0] != rank))
-    if said:
-        r, last = said[0]
-        return f"rank {r} exited with code {exitcode}: {last}", r
-    if rank is not None:
-        return f"rank {rank} exited with code {exitcode}", rank
-    last = "\n".join(log.strip().splitlines()[-15:])
-    return f"launch failed; last lines of the log:\n{last}", None
-
-
-def _last_traceback(lines: list[str]):
-    starts = [i for i, l in enumerate(lines) if l.strip() == "Traceback (most recent call last):"]
-    if not starts:
-        return None
-    # Chained exceptions print several tracebacks; the last block's last line is what was raised.
-    block = lines[starts[-1]:]
-    exc_i = next((i for i, l in enumerate(block[1:], 1) if l and not l.startswith(" ")), None)
-    if exc_i is None:
-        return None
-    exc_line = block[exc_i].strip()
-    first = starts[0]
-    text = "\n".join(l for l in lines[first:starts[-1] + exc_i + 1])
-    return exc_line, text
