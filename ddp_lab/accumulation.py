@@ -6,24 +6,28 @@
             loss = criterion(model(x), y)    # forward AND backward inside the context
             acc.step(loss)                   # scale(loss / K).backward(); update at the boundary
 
-- SeedGradientAccumulator: the class from seed 000 (section 3.3), as written.
-  Correct arithmetic, but DDP all-reduces after *every* backward, so K-1 of
-  every K all-reduces are wasted work.
-- GradientAccumulator: the same class plus no_sync.
+- ArticleGradientAccumulator: the engineering article's class (its section 3.3),
+  as written. Correct arithmetic, but DDP all-reduces after *every* backward, so
+  K-1 of every K all-reduces are wasted work.
+- survey_article_loop: the survey article's accumulation loop (its section 7.3),
+  as written: the same arithmetic and the same missing no_sync.
+- GradientAccumulator: the engineering article's class plus no_sync.
 - AllReduceCounter: a DDP communication hook that counts the all-reduces
   (and bytes) DDP launches, then performs the usual averaging all-reduce.
-- Learning rate: seed 004's adjust_learning_rate and a per-step warmup.
+- Learning rate: scaling rules (none, square root, linear), the survey article's
+  adjust_learning_rate, and a per-step warmup.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.distributed as dist
 
 
 def effective_batch(per_rank_batch: int, world_size: int, accumulation_steps: int = 1) -> int:
-    """Samples behind one optimizer step (seed 004): batch x ranks x micro-steps."""
+    """Samples behind one optimizer step (the survey article's formula): batch x ranks x micro-steps."""
     return per_rank_batch * world_size * accumulation_steps
 
 
@@ -36,8 +40,9 @@ def accumulated_grads(model, x, y, accumulation_steps: int, divide: bool = True)
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
-class SeedGradientAccumulator:
-    """Seed 000, section 3.3, unchanged except the lost `=` signs restored.
+class ArticleGradientAccumulator:
+    """The engineering article's GradientAccumulator (its section 3.3), unchanged except
+    the `=` signs its scraped text lost.
 
     Its comment says the gradients "are already synchronised and averaged by
     DDP", which is true, and is the problem: they were synchronised on every
@@ -61,8 +66,8 @@ class SeedGradientAccumulator:
             self.optimizer.zero_grad()
 
 
-class GradientAccumulator(SeedGradientAccumulator):
-    """The seed's accumulator, fixed: all-reduce once per optimizer step.
+class GradientAccumulator(ArticleGradientAccumulator):
+    """The engineering article's accumulator, fixed: all-reduce once per optimizer step.
 
     DDP decides at *forward* time whether the coming backward will all-reduce
     (forward under no_sync() tells the reducer not to), so forward and backward
@@ -85,6 +90,37 @@ class GradientAccumulator(SeedGradientAccumulator):
         boundary = self.is_boundary()
         super().step(loss)
         return boundary
+
+
+def survey_article_loop(model, optimizer, scaler, dataloader, accumulation_steps=4,
+                        criterion=torch.nn.functional.cross_entropy, device_type="cpu", dtype=None):
+    """The survey article's accumulation loop (its section 7.3), as written but for the
+    device: `.cuda()` becomes `.to(device)`, and its fp16 autocast is `dtype` (None: fp32,
+    because fp16 on a CPU is slow and changes nothing about synchronisation).
+
+    Like the engineering article's class it divides the loss by K and steps every K
+    batches, and like it, it never uses no_sync: DDP all-reduces after every backward.
+    """
+    device = next(model.parameters()).device
+    autocast = (lambda: torch.autocast(device_type=device_type, dtype=dtype)) if dtype \
+        else contextlib.nullcontext
+    optimizer.zero_grad(set_to_none=True)
+
+    for step, (images, labels) in enumerate(dataloader):
+        images = images.to(device)
+        labels = labels.to(device)
+
+        with autocast():
+            outputs = model(images)
+            loss = criterion(outputs, labels)
+            loss = loss / accumulation_steps
+
+        scaler.scale(loss).backward()
+
+        if (step + 1) % accumulation_steps == 0:
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
 
 
 class AllReduceCounter:
@@ -115,8 +151,31 @@ class AllReduceCounter:
 
 
 # ---------------------------------------------------------------- learning-rate scaling
-def seed_adjust_learning_rate(optimizer, base_lr, epoch, warmup_epochs, world_size):
-    """Seed 004, section 7.1, as written: linear scaling by world size, warmup per epoch."""
+RULES = {"none": lambda growth: 1.0, "sqrt": math.sqrt, "linear": lambda growth: growth}
+
+
+def scaled_lr(base_lr: float, base_batch: int, per_rank_batch: int, world_size: int,
+              accumulation_steps: int = 1, rule: str = "linear") -> float:
+    """The learning rate for the *effective* batch (not world size alone), by a scaling rule.
+
+    linear (Goyal et al. 2017, derived for SGD): lr x growth of the batch;
+    sqrt (Malladi et al. 2022, for Adam-family optimizers): lr x sqrt(growth); none: lr.
+    """
+    growth = effective_batch(per_rank_batch, world_size, accumulation_steps) / base_batch
+    return base_lr * RULES[rule](growth)
+
+
+def lr_at(step: int, peak_lr: float, warmup_steps: int) -> float:
+    """Per-step linear warmup to peak_lr, then constant (what the survey article's per-epoch
+    stairs approximate)."""
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return peak_lr
+    return peak_lr * (step + 1) / warmup_steps
+
+
+def survey_adjust_learning_rate(optimizer, base_lr, epoch, warmup_epochs, world_size):
+    """The survey article's adjust_learning_rate (its section 7.1), as written: linear scaling
+    by world size, warmup per epoch."""
     if epoch < warmup_epochs:
         lr = base_lr * world_size * (epoch + 1) / warmup_epochs
     else:
@@ -125,25 +184,13 @@ def seed_adjust_learning_rate(optimizer, base_lr, epoch, warmup_epochs, world_si
         param_group["lr"] = lr
 
 
-def scaled_lr(base_lr: float, base_batch: int, per_rank_batch: int, world_size: int,
-              accumulation_steps: int = 1) -> float:
-    """Linear scaling rule by the *effective* batch, not by world size alone."""
-    return base_lr * effective_batch(per_rank_batch, world_size, accumulation_steps) / base_batch
-
-
-def lr_at(step: int, peak_lr: float, warmup_steps: int) -> float:
-    """Per-step linear warmup to peak_lr, then constant (what the seed's per-epoch stairs approximate)."""
-    if warmup_steps <= 0 or step >= warmup_steps:
-        return peak_lr
-    return peak_lr * (step + 1) / warmup_steps
-
-
-def seed_schedule(base_lr, world_size, warmup_epochs, epochs, steps_per_epoch) -> list[float]:
-    """The learning rate seed 004's function sets at every step (it is called once per epoch)."""
+def survey_schedule(base_lr, world_size, warmup_epochs, epochs, steps_per_epoch) -> list[float]:
+    """The learning rate the survey article's function sets at every step (it is called once
+    per epoch)."""
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base_lr)
     out = []
     for epoch in range(epochs):
-        seed_adjust_learning_rate(optimizer, base_lr, epoch, warmup_epochs, world_size)
+        survey_adjust_learning_rate(optimizer, base_lr, epoch, warmup_epochs, world_size)
         out += [optimizer.param_groups[0]["lr"]] * steps_per_epoch
     return out
 

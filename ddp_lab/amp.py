@@ -6,11 +6,15 @@
     amp.underflow_demo()                            # a gradient fp16 loses, loss scaling keeps
     amp.scaler_trace(steps=40, inf_at=(8,))         # GradScaler skipping a step and backing off
     amp.clip_demo()                                 # clip_grad_norm_ with and without unscale_
-    amp.step_cost(models.cnn(), x, y, "bf16")       # seconds per step, saved-activation bytes
+    amp.step_time(models.cnn(), x, y, "bf16")       # seconds per training step
+    amp.saved_activation_bytes(model, x, y, "bf16") # bytes autograd keeps for backward, by dtype
+    amp.matmul_time(1024, "bf16")                   # one large matrix product: what 16-bit units give
+    amp.cpu_16bit_units()                           # does this CPU have bf16/fp16 matrix instructions?
 
 Everything uses the device-neutral API, torch.amp.autocast(device_type, dtype)
-and torch.amp.GradScaler(device): torch.cuda.amp.* is deprecated and, without
-a GPU, silently disables itself (the seeds use it).
+and torch.amp.GradScaler(device): torch.cuda.amp.* (what both source articles
+use) is deprecated and, without a GPU, disables itself with a warning and trains
+in fp32.
 """
 from __future__ import annotations
 
@@ -206,9 +210,28 @@ def saved_activation_bytes(model: nn.Module, x, y, precision: str = "fp32",
     return by_dtype
 
 
+@contextlib.contextmanager
+def _threads(n: int | None):
+    """torch's CPU thread count set to n inside the block (None: unchanged)."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def step_time(model: nn.Module, x, y, precision: str = "fp32", steps: int = 5, warmup: int = 1,
-              device_type: str = "cpu") -> float:
-    """Median seconds per training step (forward, backward, SGD step)."""
+              device_type: str = "cpu", threads: int | None = None) -> float:
+    """Seconds per training step (forward, backward, SGD step): the fastest of `steps`, the
+    one least disturbed by whatever else the machine is doing. threads=1 times on one CPU
+    thread, which other busy programs disturb far less than a team of threads."""
+    with _threads(threads):
+        return _step_time(model, x, y, precision, steps, warmup, device_type)
+
+
+def _step_time(model, x, y, precision, steps, warmup, device_type) -> float:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler(device_type, enabled=precision == "fp16")
     times = []
@@ -226,4 +249,44 @@ def step_time(model: nn.Module, x, y, precision: str = "fp32", steps: int = 5, w
             torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return min(times)
+
+
+def matmul_time(n: int = 1024, precision: str = "fp32", steps: int = 5, device_type: str = "cpu",
+                threads: int | None = None) -> float:
+    """Seconds for one n x n matrix product in `precision` (the fastest of `steps`): the
+    operation 16-bit matrix units (Tensor Cores, AMX) accelerate, without autocast's casts."""
+    with _threads(threads):
+        return _matmul_time(n, precision, steps, device_type)
+
+
+def _matmul_time(n, precision, steps, device_type) -> float:
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=g).to(device_type, DTYPES[precision]) for _ in range(2))
+    times = []
+    for i in range(steps + 1):
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ b
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        if i:  # the first product warms up
+            times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def cpu_16bit_units() -> dict:
+    """Which 16-bit matrix instructions this CPU offers PyTorch (None: this PyTorch cannot tell).
+
+    AVX512-BF16 and AMX (Intel Xeon, 4th generation and later) run bf16 products fast;
+    AMX-FP16 does the same for fp16. Without them, 16-bit values are converted and
+    computed in fp32.
+    """
+    probes = {"AVX512-BF16": "_is_avx512_bf16_supported", "AMX (bf16)": "_is_amx_tile_supported",
+              "AMX-FP16": "_is_amx_fp16_supported"}
+    out = {}
+    for name, fn in probes.items():
+        probe = getattr(torch.cpu, fn, None)  # private helpers; absent in some builds
+        out[name] = bool(probe()) if probe is not None else None
+    return out

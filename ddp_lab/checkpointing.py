@@ -8,9 +8,10 @@
 - clean_state_dict: strips the `module.` (DDP) and `_orig_mod.` (torch.compile) prefixes.
 - naive_save vs atomic_save: a crash during a naive save destroys the only checkpoint;
   temp file + fsync + os.replace keeps the previous one loadable. kill_mid_save proves it.
-- load_every_rank (what the source article's code does) vs load_on_rank0_and_broadcast (what its
-  comment says): N reads of shared storage vs one read plus a broadcast.
-- overhead / young_interval: how often to save (the article: "save every N steps").
+- load_every_rank (what the engineering article's code does) vs load_on_rank0_and_broadcast (what
+  its comment says): N reads of shared storage vs one read plus a broadcast.
+- overhead / young_interval / simulate_overhead: how often to save (the engineering article:
+  "save every N steps"), and a failure-by-failure simulation to check the model.
 """
 from __future__ import annotations
 
@@ -245,7 +246,7 @@ def counted_load(path, map_location="cpu") -> tuple[dict, int]:
 
 
 def load_every_rank(path, map_location="cpu") -> tuple[dict, int]:
-    """What the source article's load_checkpoint really does: both branches of its `if` read the file,
+    """What the engineering article's load_checkpoint really does: both branches of its `if` read the file,
     so every rank hits shared storage (N readers; the file must exist on every node)."""
     return counted_load(path, map_location)
 
@@ -262,17 +263,53 @@ def load_on_rank0_and_broadcast(path, src: int = 0, map_location="cpu") -> tuple
 
 
 # ---------------------------------------------------------------- how often to save
-def overhead(every: float, step_s: float, save_s: float, mtbf_s: float, restart_s: float = 0.0):
-    """Fraction of time not spent on new progress when saving every `every` steps (first
-    order, save_s and the interval small next to mtbf_s): saving, save_s per interval, plus
-    per failure (one every mtbf_s on average) half an interval of rework and a restart."""
+def overhead(every: float, step_s: float, save_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
+    """Expected fraction of wall time not spent on progress that survives, saving every `every` steps.
+
+    A cycle is `every` steps then a blocking save: L = every * step_s + save_s seconds.
+    Failures arrive at random (exponential, mean mtbf_s) and lose everything since the last
+    completed save; each costs a restart of restart_s (failure-free). The expected wall time
+    to get one cycle done is (mtbf_s + restart_s) * (exp(L / mtbf_s) - 1) (the standard
+    result for exponential failures), of which every * step_s is progress. To first order in
+    L / mtbf_s this is save_s / (every * step_s) + every * step_s / (2 * mtbf_s) + restart_s / mtbf_s,
+    whose minimum is Young's interval.
+    """
     interval = every * step_s
-    return save_s / interval + (interval / 2 + restart_s) / mtbf_s
+    expected = (mtbf_s + restart_s) * math.expm1((interval + save_s) / mtbf_s)
+    return 1 - interval / expected
+
+
+def overhead_first_order(every: float, step_s: float, save_s: float, mtbf_s: float,
+                         restart_s: float = 0.0) -> float:
+    """overhead() to first order (save_s and the interval small next to mtbf_s)."""
+    interval = every * step_s
+    return save_s / interval + interval / (2 * mtbf_s) + restart_s / mtbf_s
 
 
 def young_interval(step_s: float, save_s: float, mtbf_s: float) -> float:
     """Young's optimum (1974): save every sqrt(2 * save_s * mtbf_s) seconds, in steps."""
     return math.sqrt(2 * save_s * mtbf_s) / step_s
+
+
+def simulate_overhead(every: int, step_s: float, save_s: float, mtbf_s: float, restart_s: float = 0.0,
+                      failures: int = 10_000, seed: int = 0) -> float:
+    """The same job played out failure by failure, to check overhead() against.
+
+    After each (re)start the next failure comes after a random time (exponential, mean
+    mtbf_s). Until then the job repeats `every` steps and a save; the steps of every
+    completed save survive, the unsaved part is lost, and the restart costs restart_s.
+    Returns the fraction of the simulated wall time not spent on surviving steps. The
+    same seed draws the same failures for every `every` (common random numbers), so
+    intervals can be compared with little noise.
+    """
+    rng = random.Random(seed)
+    cycle = every * step_s + save_s
+    wall = useful = 0.0
+    for _ in range(failures):
+        life = rng.expovariate(1 / mtbf_s)
+        useful += math.floor(life / cycle) * every * step_s  # cycles completed (saved) before it fails
+        wall += life + restart_s
+    return 1 - useful / wall
 
 
 def lost_steps(crash_step: int, save_every: int) -> int:

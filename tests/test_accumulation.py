@@ -8,9 +8,11 @@ from ddp_lab import accumulation as A
 from ddp_lab import data, launch, models, runtime
 
 
-def test_effective_batch_and_linear_scaling():
+def test_effective_batch_and_scaling_rules():
     assert A.effective_batch(32, 8, 4) == 1024
     assert A.scaled_lr(0.1, 256, 32, 8, 4) == pytest.approx(0.4)
+    assert A.scaled_lr(0.1, 256, 32, 8, 4, rule="sqrt") == pytest.approx(0.2)
+    assert A.scaled_lr(0.1, 256, 32, 8, 4, rule="none") == pytest.approx(0.1)
 
 
 def test_k_micro_batches_equal_one_big_batch():
@@ -28,8 +30,12 @@ def test_k_micro_batches_equal_one_big_batch():
 
 
 def _window(model, acc, x, y, how):
-    for xb, yb in zip(x.chunk(acc.accumulation_steps), y.chunk(acc.accumulation_steps)):
-        if how == "seed":
+    batches = list(zip(x.chunk(acc.accumulation_steps), y.chunk(acc.accumulation_steps)))
+    if how == "survey":
+        A.survey_article_loop(model, acc.optimizer, acc.scaler, batches, acc.accumulation_steps)
+        return
+    for xb, yb in batches:
+        if how == "engineering":
             acc.step(F.cross_entropy(model(xb), yb))
         elif how == "fixed":
             with acc.sync_context():
@@ -44,17 +50,17 @@ def test_counter_sees_one_all_reduce_per_window_only_with_forward_inside_no_sync
     X, Y = data.digits_tensors("train")
     calls = {}
     with runtime.distributed():  # a world of one: DDP still runs its reducer and the hook
-        for how in ("seed", "fixed", "backward_only"):
+        for how in ("engineering", "survey", "fixed", "backward_only"):
             torch.manual_seed(0)
             model = DDP(models.mlp())
             counter = A.AllReduceCounter(model)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-            cls = A.SeedGradientAccumulator if how == "seed" else A.GradientAccumulator
+            cls = A.GradientAccumulator if how in ("fixed", "backward_only") else A.ArticleGradientAccumulator
             acc = cls(model, optimizer, torch.amp.GradScaler("cpu", enabled=False), accumulation_steps=4)
             for w in range(3):
                 _window(model, acc, X[w * 64:(w + 1) * 64], Y[w * 64:(w + 1) * 64], how)
             calls[how] = counter.calls
-    assert calls == {"seed": 12, "fixed": 3, "backward_only": 12}
+    assert calls == {"engineering": 12, "survey": 12, "fixed": 3, "backward_only": 12}
 
 
 def test_two_ranks_fixed_accumulator_saves_k_minus_one_of_k_all_reduces():
@@ -62,26 +68,38 @@ def test_two_ranks_fixed_accumulator_saves_k_minus_one_of_k_all_reduces():
                           args=["--model", "mlp", "--updates", "2", "--accum-steps", "4"])
     rows = {(r["variant"], r["rank"]): r for r in run.select(kind="variant")}
     for rank in (0, 1):
-        seed, fixed, bwd = (rows[(v, rank)] for v in ("seed", "fixed", "backward_only"))
+        article, survey, fixed, bwd = (rows[(v, rank)] for v in ("engineering", "survey", "fixed", "backward_only"))
         assert fixed["calls"] == 2 * fixed["buckets"]
-        assert seed["calls"] == bwd["calls"] == 4 * fixed["calls"]
-        assert all(r["diff_to_rank0"] == 0.0 for r in (seed, fixed, bwd))
-        assert fixed["diff_to_seed"] < 1e-5
+        assert article["calls"] == survey["calls"] == bwd["calls"] == 4 * fixed["calls"]
+        assert all(r["diff_to_rank0"] == 0.0 for r in (article, survey, fixed, bwd))
+        assert fixed["diff_to_engineering"] < 1e-5 and survey["diff_to_engineering"] == bwd["diff_to_engineering"] == 0.0
 
 
-def test_amp_accumulation_skips_whole_window_and_scale_moves_only_at_boundaries():
+def test_amp_accumulation_skips_whole_window_and_halves_the_scale_once():
     trace, grads, reference = A.amp_accumulation_trace(accumulation_steps=4, windows=4, inf_at=(2, 1))
-    for r in trace:
-        if not r["boundary"]:
-            assert r["scale_after"] == r["scale"]
     ends = [r for r in trace if r["boundary"]]
     assert [r["updated"] for r in ends] == [True, True, False, True]
-    assert ends[2]["scale_after"] == ends[2]["scale"] / 2
+    assert [r["scale_after"] for r in ends] == [2.0 ** 16, 2.0 ** 16, 2.0 ** 15, 2.0 ** 15]
     for g, ref in zip(grads, reference):
         torch.testing.assert_close(g, ref, rtol=0, atol=1e-3 * ref.abs().max().item())
 
 
 def test_lr_schedules():
-    sched = A.seed_schedule(0.1, world_size=4, warmup_epochs=2, epochs=4, steps_per_epoch=3)
+    sched = A.survey_schedule(0.1, world_size=4, warmup_epochs=2, epochs=4, steps_per_epoch=3)
     assert sched == pytest.approx([0.2] * 3 + [0.4] * 6 + [0.4] * 3)
     assert [A.lr_at(s, 1.0, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_lr_scaling_runs_use_the_scaled_rates_and_adam_moves_every_weight_by_lr():
+    run = launch.torchrun("-m ddp_lab.experiments.nb05_lr_scaling", nproc=2, stream=False,
+                          args=["--epochs", "2", "--warmup-epochs", "1", "--sgd-lr", "0.1", "--adamw-lr", "0.05"])
+    runs = {(r["optimizer"], r["rule"], r["warmup_epochs"]): r for r in run.select(kind="run", rank=0)}
+    assert len(runs) == 10
+    for (opt, rule, warmup), r in runs.items():
+        base = 0.1 if opt == "sgd" else 0.05
+        assert max(r["lr_used"]) == pytest.approx(base * {"base": 1, "none": 1, "sqrt": 2, "linear": 4}[rule])
+        assert r["batch"] == (128 if rule == "base" else 512)
+        assert len(r["lr_used"]) == len(r["train_loss"]) == 2 * r["steps_per_epoch"]
+    first = runs[("adamw", "linear", 0)]
+    assert first["first_move_median"] == pytest.approx(0.2, rel=0.05)  # Adam's first step: lr per weight
+    assert runs[("sgd", "linear", 0)]["first_move_median"] < 0.02

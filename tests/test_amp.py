@@ -60,6 +60,22 @@ def test_bf16_halves_floating_point_activations():
     assert bf16.get("int64") == fp32.get("int64")  # max-pool indices do not shrink
 
 
+def test_ranges_agree_with_real_conversions():
+    r = amp.ranges()
+    tiny = torch.tensor(0.0, dtype=torch.float16)
+    assert torch.nextafter(tiny, torch.tensor(1.0, dtype=torch.float16)).item() == r["fp16"]["min_subnormal"]
+    assert torch.tensor(r["fp16"]["max"] * 1.01).half().isinf()
+    assert torch.tensor(r["bf16"]["min_normal"]).bfloat16().item() == r["bf16"]["min_normal"]
+
+
+def test_matmul_time_and_cpu_units():
+    for precision in ("fp32", "bf16", "fp16"):
+        assert amp.matmul_time(64, precision, steps=1) > 0
+    units = amp.cpu_16bit_units()
+    assert set(units) == {"AVX512-BF16", "AMX (bf16)", "AMX-FP16"}
+    assert all(v in (True, False, None) for v in units.values())
+
+
 def test_step_time_runs_every_precision():
     x, y = torch.rand(4, 1, 8, 8), torch.randint(0, 10, (4,))
     for precision in ("fp32", "bf16", "fp16"):
@@ -74,3 +90,5 @@ def test_deprecated_cuda_amp_is_disabled_without_a_gpu():
         scaler = torch.cuda.amp.GradScaler()
     assert not scaler.is_enabled()
     assert any("deprecated" in str(w.message) for w in caught)
+    # not silent: it says that it disables itself
+    assert any(issubclass(w.category, UserWarning) and "Disabling" in str(w.message) for w in caught)

@@ -94,12 +94,26 @@ def test_every_checkpoint_part_matters_and_all_of_them_resume_exactly():
     assert all(d > 0 for d in diffs.values()), diffs
 
 
-def test_cost_model():
-    step_s, save_s, mtbf = 1.0, 60.0, 8 * 3600.0
-    grid = range(1, 20000)
-    best = min(grid, key=lambda n: ck.overhead(n, step_s, save_s, mtbf))
-    assert abs(best - ck.young_interval(step_s, save_s, mtbf)) <= 1
-    assert ck.overhead(10, step_s, save_s, mtbf) > ck.overhead(best, step_s, save_s, mtbf)
+def test_cost_model_matches_a_failure_by_failure_simulation():
+    job = dict(step_s=1.0, save_s=60.0, mtbf_s=8 * 3600.0, restart_s=300.0)
+    young = ck.young_interval(job["step_s"], job["save_s"], job["mtbf_s"])
+    sim = {n: ck.simulate_overhead(n, **job) for n in (50, 100, round(young / 2), round(young), round(2 * young), 20000)}
+    for n, s in sim.items():
+        assert ck.overhead(n, **job) == pytest.approx(s, rel=0.03), n
+    assert sim[round(young)] <= 1.01 * min(sim.values())
+    # the first-order formula is close near Young's interval and far off when saves are frequent
+    assert ck.overhead_first_order(round(young), **job) == pytest.approx(sim[round(young)], rel=0.05)
+    assert ck.overhead_first_order(50, **job) > 1.5 * sim[50]
+
+
+def test_simulation_counts_saved_steps_only():
+    # no failures in sight: the only cost is the save, C / (N t + C)
+    assert ck.simulate_overhead(10, 1.0, 5.0, mtbf_s=1e12, failures=10) == pytest.approx(5 / 15, rel=1e-6)
+    # a failure every ~1 s and cycles of 11 s: almost nothing is ever saved
+    assert ck.simulate_overhead(10, 1.0, 1.0, mtbf_s=1.0, failures=1000) > 0.99
+
+
+def test_lost_steps():
     assert [ck.lost_steps(c, 10) for c in (27, 30, 9)] == [7, 0, 9]
 
 

@@ -3,13 +3,14 @@
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb05_nosync
 
 Variants, same data and same initial weights:
-  seed           seed 000's GradientAccumulator: DDP all-reduces after every micro-step
+  engineering    the engineering article's GradientAccumulator: DDP all-reduces after every micro-step
+  survey         the survey article's accumulation loop: the same, written as a plain loop
   fixed          forward and backward inside no_sync() except on the last micro-step
   backward_only  the common misuse: forward outside no_sync(), only backward inside
 
 Each rank records, per variant: bucket all-reduces and bytes (AllReduceCounter),
 seconds per optimizer step, how far its parameters are from rank 0's, and how
-far they are from the seed variant's.
+far they are from the engineering variant's.
 """
 import argparse
 import time
@@ -20,7 +21,8 @@ from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab import data, models, runtime
-from ddp_lab.accumulation import AllReduceCounter, GradientAccumulator, SeedGradientAccumulator
+from ddp_lab.accumulation import (AllReduceCounter, ArticleGradientAccumulator, GradientAccumulator,
+                                  survey_article_loop)
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="wide_mlp", choices=["mlp", "cnn", "wide_mlp"])
@@ -28,6 +30,7 @@ parser.add_argument("--micro-batch", type=int, default=8)
 parser.add_argument("--accum-steps", type=int, default=4)
 parser.add_argument("--updates", type=int, default=3, help="timed optimizer steps per variant")
 args = parser.parse_args()
+VARIANTS = ("engineering", "survey", "fixed", "backward_only")
 
 
 def flat_params(model):
@@ -36,8 +39,11 @@ def flat_params(model):
 
 def run_window(variant, acc, model, batches):
     """One optimizer step's worth of micro-steps."""
+    if variant == "survey":                     # the article's own loop over this window's batches
+        survey_article_loop(model, acc.optimizer, acc.scaler, batches, acc.accumulation_steps)
+        return
     for x, y in batches:
-        if variant == "seed":
+        if variant == "engineering":
             acc.step(F.cross_entropy(model(x), y))
         elif variant == "fixed":
             with acc.sync_context():            # forward AND backward inside
@@ -48,20 +54,21 @@ def run_window(variant, acc, model, batches):
                 acc.step(loss)
 
 
-with runtime.distributed() as ctx:
+def main(ctx):
+    # Models live in this function, so they are freed before the process group is destroyed
     X, Y = data.digits_tensors("train")
     X, Y = X[ctx.rank::ctx.world_size].to(ctx.device), Y[ctx.rank::ctx.world_size].to(ctx.device)  # this rank's shard
     K, b = args.accum_steps, args.micro_batch
     windows = [[(X[i:i + b], Y[i:i + b]) for i in range(w * K * b, (w + 1) * K * b, b)]
                for w in range(args.updates + 1)]  # window 0 warms up (DDP builds its buckets)
     reference = None
-    for variant in ("seed", "fixed", "backward_only"):
+    for variant in VARIANTS:
         torch.manual_seed(0)
         model = DDP(getattr(models, args.model)().to(ctx.device))
         counter = AllReduceCounter(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         scaler = torch.amp.GradScaler("cpu", enabled=False)  # fp32 here; the API is the same with fp16
-        acc = (SeedGradientAccumulator if variant == "seed" else GradientAccumulator)(
+        acc = (GradientAccumulator if variant in ("fixed", "backward_only") else ArticleGradientAccumulator)(
             model, optimizer, scaler, accumulation_steps=K)
         run_window(variant, acc, model, windows[0])
         counter.reset()
@@ -84,6 +91,10 @@ with runtime.distributed() as ctx:
                    micro_steps=args.updates * K, calls=counter.calls, bytes=counter.bytes,
                    buckets=buckets, seconds_per_update=seconds,
                    diff_to_rank0=(mine - rank0).abs().max().item(),
-                   diff_to_seed=(mine - reference).abs().max().item())
+                   diff_to_engineering=(mine - reference).abs().max().item())
         ctx.print0(f"{variant:>13}: {counter.calls:3d} bucket all-reduces for {args.updates} updates "
                    f"({buckets} bucket(s) per sync), {seconds * 1e3:6.0f} ms per update")
+
+
+with runtime.distributed() as ctx:
+    main(ctx)

@@ -3,7 +3,7 @@
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb06_load_and_shard --dir /tmp/ck
 
 1. save on rank 0, then barrier: when rank 1 leaves the barrier the new file is complete.
-2. the source article's load_checkpoint (every rank reads the file) vs rank 0 reads + broadcast:
+2. the engineering article's load_checkpoint (every rank reads the file) vs rank 0 reads + broadcast:
    bytes each rank reads from storage, seconds, and whether all ranks end up equal.
 3. the half-fix: load on rank 0 only, then DDP(model). DDP's constructor broadcasts
    the weights, but rank 1's optimizer state stays empty.
