@@ -83,8 +83,9 @@ def parse_args(argv=None):
     a("--accum-steps", type=int, default=1, help="micro-steps per optimizer step")
     a("--optimizer", default="sgd", choices=["sgd", "adamw"])
     a("--lr", type=float, default=0.05, help="for one process with --batch-size")
-    a("--lr-scaling", default="none", choices=["none", "linear"],
-      help="linear: lr x world_size x accum_steps (Goyal et al. 2017)")
+    a("--lr-scaling", default="none", choices=["none", "linear", "sqrt"],
+      help="for a larger effective batch: linear (SGD; Goyal et al. 2017): lr x world_size x "
+           "accum_steps; sqrt (Adam-family): lr x sqrt(world_size x accum_steps); use with warmup")
     a("--lr-schedule", default="cosine", choices=["cosine", "constant"])
     a("--warmup-epochs", type=float, default=0.0)
     a("--weight-decay", type=float, default=0.0)
@@ -498,7 +499,8 @@ def train(args, rank, world_size, device, backend):
     batches_per_epoch = math.ceil(sampler.num_samples / args.batch_size)
     steps_per_epoch = math.ceil(batches_per_epoch / args.accum_steps)
     total_steps = args.epochs * steps_per_epoch  # the schedule's length; --max-steps only stops early
-    scale = world_size * args.accum_steps if args.lr_scaling == "linear" else 1
+    growth = world_size * args.accum_steps  # how many times larger the effective batch is
+    scale = {"none": 1, "linear": growth, "sqrt": math.sqrt(growth)}[args.lr_scaling]
     lr = args.lr * scale
     if args.optimizer == "sgd":
         optimizer = torch.optim.SGD(raw_model.parameters(), lr=lr, momentum=0.9,
@@ -647,6 +649,7 @@ def train(args, rank, world_size, device, backend):
             i += 1
             if not sync:
                 continue
+            lr_used = optimizer.param_groups[0]["lr"]  # this step's rate (the scheduler then sets the next)
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
@@ -660,7 +663,7 @@ def train(args, rank, world_size, device, backend):
                 dist.all_reduce(window)  # global mean loss over the window, global samples
                 dt = time.perf_counter() - t_window
                 rec = dict(step=step, epoch=epoch, loss=window[0].item() / window_steps / world_size,
-                           lr=scheduler.get_last_lr()[0], samples_per_s=window[1].item() / dt)
+                           lr=lr_used, samples_per_s=window[1].item() / dt)
                 metrics.write("train", **rec)
                 if bar:
                     bar.set_postfix(loss=f"{rec['loss']:.4f}", epoch=epoch)

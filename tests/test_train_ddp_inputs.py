@@ -4,6 +4,7 @@ Every path runs here on the CPU, on small files the tests make: a tiny ImageFold
 its real on-disk format, resnet18 and torch.compile for a couple of steps.
 """
 import json
+import math
 import os
 import pickle
 import shutil
@@ -226,3 +227,19 @@ def test_full_disk_before_training_is_one_error_and_no_probe(tmp_path):
     one_error(run("--ckpt-dir", ck, *FAST, cwd=tmp_path, preexec_fn=_file_size_limit(1)),
               "is not writable", "free space")
     assert list(ck.iterdir()) == []
+
+
+# ---------------------------------------------------------------- learning rate
+@pytest.mark.parametrize("rule,peak", [("none", 0.05), ("sqrt", 0.1), ("linear", 0.2)])
+def test_lr_scaling_rule_and_the_rate_each_step_used(tmp_path, rule, peak):
+    """4 accumulation steps make the batch 4x larger: linear x4, sqrt x2. With 2 warmup epochs
+    (24 steps of 12 per epoch at batch 32 x 4) step s uses peak x s/24: the logged rate is the
+    one the step used, so step 1 is the first warmup rate, not the second."""
+    m = tmp_path / "m.jsonl"
+    ok(run("--accum-steps", "4", "--lr-scaling", rule, "--lr", "0.05", "--warmup-epochs", "2",
+           "--lr-schedule", "constant", "--max-steps", "3", "--log-every", "1", "--progress", "off",
+           "--metrics-out", m, cwd=tmp_path))
+    train = [r for r in final(m)[1] if r["kind"] == "train"]
+    steps_per_epoch = math.ceil(math.ceil(1500 / 32) / 4)
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert [r["lr"] for r in train] == pytest.approx([peak * s / (2 * steps_per_epoch) for s in (1, 2, 3)])
