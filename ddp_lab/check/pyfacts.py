@@ -1,0 +1,167 @@
+"""What the Python rules ask about a module: scopes, bindings, callers, DDP-wrapped names
+(rank checks and guards come from ranks.RankFacts).
+
+Everything here reads the AST; nothing imports or runs the user's code. Answers lean to
+"don't know" (no finding) whenever the code leaves room for doubt.
+"""
+from __future__ import annotations
+
+import ast
+import re
+
+from .astutil import dotted, is_ddp_call, key, last, pairs
+from .ranks import RankFacts
+
+# A file that talks about DDP at all. Rules whose pattern is also fine in single-process code
+# (gradient accumulation, torch.save on "every rank") only run in such files.
+DDP_TEXT = re.compile(r"\bDDP\b|DistributedDataParallel|torch\.distributed|init_process_group|no_sync"
+                      r"|DistributedSampler|LOCAL_RANK|torchrun|FullyShardedDataParallel|\bFSDP\b")
+COLLECTIVES = {"all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter",
+               "all_to_all", "barrier", "monitored_barrier", "all_gather_object", "broadcast_object_list",
+               "gather_object", "scatter_object_list", "all_gather_into_tensor", "reduce_scatter_tensor",
+               "all_to_all_single", "all_reduce_coalesced"}
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Module)
+DISTRIBUTED_CALLS = {"init_process_group", "DDP", "DistributedDataParallel", "FullyShardedDataParallel", "FSDP",
+                     "fully_shard", "DistributedSampler", "spawn"}
+
+
+class Module(RankFacts):
+    def __init__(self, tree: ast.Module, text: str):
+        self.tree, self.text = tree, text
+        self.parent: dict = {}
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                self.parent[child] = node
+        self.nodes = list(ast.walk(tree))
+        self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
+        self._callers: dict = {}
+        self.is_ddp = bool(DDP_TEXT.search(text))
+        self.multiprocess = True   # False for a notebook's kernel: one process, whatever it imports
+        self.uses_cuda = bool(re.search(r"\bcuda\b|device_ids|nccl", text))
+        # It starts or joins a process group, wraps a model, or reads who it is: a program run N times.
+        self.runs_distributed = any(last(c) in DISTRIBUTED_CALLS for c in self.calls) or any(
+            isinstance(n, ast.Constant) and n.value in ("RANK", "LOCAL_RANK", "WORLD_SIZE") for n in self.nodes)
+        self.aliases = self._aliases()
+
+    # ------------------------------------------------------------ structure
+    def ancestors(self, node):
+        while node in self.parent:
+            node = self.parent[node]
+            yield node
+
+    def scope(self, node):
+        return next(a for a in self.ancestors(node) if isinstance(a, SCOPES))
+
+    def function(self, node):
+        return next((a for a in self.ancestors(node) if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+
+    def walk_scope(self, scope):
+        """Nodes of one scope, not of the functions and classes defined inside it."""
+        todo = list(ast.iter_child_nodes(scope))
+        while todo:
+            node = todo.pop()
+            yield node
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                todo.extend(ast.iter_child_nodes(node))
+
+    def statement(self, node):
+        return node if isinstance(node, ast.stmt) else next(a for a in self.ancestors(node) if isinstance(a, ast.stmt))
+
+    def branches(self, node):
+        """(if-node, in_body) for every if around node, innermost first, up to its function."""
+        child = node
+        for a in self.ancestors(node):
+            if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                return
+            if isinstance(a, (ast.If, ast.IfExp)) and child is not a.test:
+                body = a.body if isinstance(a.body, list) else [a.body]
+                yield a, any(child is s for s in body)
+            child = a
+
+    def assignments(self, scope, name: str) -> list[tuple[int, ast.AST | None, ast.AST]]:
+        """(line, value, binding node) for every binding of `name` in scope, in line order; value is
+        None where it cannot be told (a loop or with target, `a, b = f()`)."""
+        out = []
+        for node in self.walk_scope(scope):
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    out += [(node.lineno, v, node) for k, v in pairs(t, node.value) if k == name]
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and key(node.target) == name:
+                out.append((node.lineno, node.value, node))
+            elif isinstance(node, (ast.For, ast.AsyncFor)) and name in {key(n) for n in ast.walk(node.target)}:
+                out.append((node.lineno, None, node))
+            elif isinstance(node, ast.withitem) and node.optional_vars is not None and key(node.optional_vars) == name:
+                out.append((node.optional_vars.lineno, None, node.optional_vars))
+        return sorted(out, key=lambda p: p[0])
+
+    # ------------------------------------------------------------ calls into helpers
+    def callers(self, func) -> list:
+        """Calls of a module function (`f(...)`, or `f` handed to mp.spawn and the like), or of a
+        method (`self.f(...)`, `obj.f(...)` where obj = ThisClass(...))."""
+        if func not in self._callers:
+            self._callers[func] = self._find_callers(func)
+        return self._callers[func]
+
+    def _find_callers(self, func) -> list:
+        cls = self.parent.get(func)
+        if isinstance(cls, ast.ClassDef):
+            instances = {k for n in self.nodes if isinstance(n, ast.Assign)
+                         and isinstance(n.value, ast.Call) and last(n.value) == cls.name
+                         for k in map(key, n.targets) if k}
+            out = [c for c in self.calls if isinstance(c.func, ast.Attribute) and c.func.attr == func.name
+                   and (key(c.func.value) == "self" or dotted(c.func.value) in instances)]
+        else:
+            out = [c for c in self.calls if isinstance(c.func, ast.Name) and c.func.id == func.name]
+            out += [a for c in self.calls for a in [*c.args, *(k.value for k in c.keywords)]
+                    if isinstance(a, ast.Name) and a.id == func.name]
+        return [c for c in out if func not in set(self.ancestors(c))]
+
+    def every_rank_path(self, node, depth: int = 0) -> ast.AST | None:
+        """An unguarded place from which node runs on every rank (node itself, or a call into its
+        function), or None when a rank check guards it or no caller in this file is known."""
+        if self.guarded(node):
+            return None
+        func = self.function(node)
+        if func is None:
+            return node
+        if depth > 4:
+            return None
+        for call in self.callers(func):
+            if self.every_rank_path(call, depth + 1) is not None:
+                return call
+        return None
+
+    # ------------------------------------------------------------ DDP-wrapped names
+    def wrapped(self, expr, at, depth: int = 0) -> bool:
+        """Is expr (`model`, `self.model`) a DDP wrapper where `at` runs?"""
+        k = key(expr)
+        if k is None or depth > 4:
+            return False
+        if k.startswith("self."):
+            cls = next((a for a in self.ancestors(at) if isinstance(a, ast.ClassDef)), None)
+            return cls is not None and any(
+                isinstance(n, ast.Assign) and any(key(t) == k for t in n.targets) and _has_ddp(n.value)
+                for n in ast.walk(cls))
+        before = [(line, v) for line, v, _ in self.assignments(self.scope(at), k) if line < at.lineno]
+        if not before or before[-1][1] is None:
+            return False
+        return self._still_wrapped(before[-1][1], k, depth)
+
+    def _still_wrapped(self, value, k: str, depth: int) -> bool:
+        """value is a DDP(...) call, or hands on a wrapper: `ddp_model`, `torch.compile(ddp_model)`,
+        `ddp_model.to(device)`, `a if c else b`."""
+        if is_ddp_call(value):
+            return True
+        if isinstance(value, ast.IfExp):  # `m.module if ddp else m` unwraps; `DDP(m) if ddp else m` may wrap
+            sides = (value.body, value.orelse)
+            return not any(isinstance(v, ast.Attribute) and v.attr == "module" for v in sides) and \
+                any(self._still_wrapped(v, k, depth) for v in sides)
+        if isinstance(value, ast.Call) and last(value) in ("compile", "to", "cuda", "half", "float", "bfloat16"):
+            inner = value.func.value if isinstance(value.func, ast.Attribute) and last(value) != "compile" else \
+                value.args[0] if value.args else None
+            return inner is not None and self._still_wrapped(inner, k, depth)
+        return isinstance(value, ast.Name) and value.id != k and self.wrapped(value, value, depth + 1)
+
+
+def _has_ddp(node) -> bool:
+    return any(is_ddp_call(n) for n in ast.walk(node))

@@ -1,0 +1,110 @@
+"""Rules about checkpoints: who writes, who reads, what the file holds."""
+from __future__ import annotations
+
+import ast
+
+from .astutil import dotted, key
+from .core import Hit, rule
+from .pyfacts import Module
+
+
+def _arg(call: ast.Call, index: int, name: str):
+    if len(call.args) > index:
+        return call.args[index]
+    return next((kw.value for kw in call.keywords if kw.arg == name), None)
+
+
+def _values(m: Module, node, at):
+    """node, and if it is a name, what it was last bound to before `at` in the same scope."""
+    yield node
+    k = key(node)
+    if k:
+        before = [v for line, v, _ in m.assignments(m.scope(at), k) if line < at.lineno and v is not None]
+        if before:
+            yield before[-1]
+
+
+def _in_memory(m: Module, node, at) -> bool:
+    return any(isinstance(c, ast.Call) and (dotted(c.func) or "").endswith("BytesIO")
+               for v in _values(m, node, at) for c in ast.walk(v))
+
+
+def _torch_calls(m: Module, name: str):
+    return [c for c in m.calls if dotted(c.func) == f"torch.{name}"]
+
+
+@rule("DDP013", "torch.save runs on every rank: N processes write the same file at once, and a reader "
+      "can see it half-written.",
+      fix="save on rank 0 only (`if rank == 0:`), then dist.barrier() before anyone reads the file",
+      section="what_to_save")
+def save_on_every_rank(m: Module):
+    if not (m.runs_distributed and m.multiprocess):
+        return
+    for call in _torch_calls(m, "save"):
+        dest = _arg(call, 1, "f")
+        if dest is None or _in_memory(m, dest, call) or any(m.mentions_rank(v) for v in _values(m, dest, call)):
+            continue  # a buffer, or a file per rank
+        where = m.every_rank_path(call)
+        if where is call:
+            yield Hit(call)
+        elif where is not None:
+            func = m.function(call)
+            yield Hit(call, f"torch.save runs on every rank: {func.name}() is called on every rank, outside "
+                            "any rank-0 check.")
+
+
+@rule("DDP014", "torch.load without map_location in a CUDA program: tensors saved from cuda:0 load onto "
+      "cuda:0 on every rank, so one GPU holds N copies.",
+      fix='pass map_location="cpu" (load_state_dict copies to each rank\'s device) or '
+          "{'cuda:0': f'cuda:{local_rank}'}",
+      section="what_to_save")
+def load_without_map_location(m: Module):
+    if not (m.runs_distributed and m.uses_cuda and m.multiprocess):
+        return
+    for call in _torch_calls(m, "load"):
+        source = _arg(call, 0, "f")
+        if _arg(call, 1, "map_location") is not None or source is None or _in_memory(m, source, call):
+            continue
+        if m.rank0_only(call) or _saved_here(m, source, call):
+            continue  # only rank 0 loads (on its own cuda:0), or this process wrote the file itself
+        yield Hit(call)
+
+
+def _saved_here(m: Module, source, at) -> bool:
+    text = ast.unparse(source)
+    return any(c.lineno < at.lineno and (d := _arg(c, 1, "f")) is not None and ast.unparse(d) == text
+               for c in _torch_calls(m, "save") if m.scope(c) is m.scope(at))
+
+
+@rule("DDP015", "The DDP wrapper's state_dict is saved: every key starts with `module.`, so the file "
+      "does not load into the plain model.",
+      fix="save model.module.state_dict() (the unwrapped model); strip `module.` from old files with "
+          "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present",
+      section="prefixes")
+def saves_wrapper_state(m: Module):
+    if any(isinstance(c.func, ast.Attribute) and c.func.attr == "load_state_dict" and m.wrapped(c.func.value, c)
+           for c in m.calls):
+        return  # the file goes back into a DDP wrapper: `module.` is what the author meant
+    for call in _torch_calls(m, "save"):
+        obj = _arg(call, 0, "obj")
+        if obj is None:
+            continue
+        for value in _values(m, obj, call):
+            for sd in ast.walk(value):
+                if isinstance(sd, ast.Call) and isinstance(sd.func, ast.Attribute) and sd.func.attr == "state_dict" \
+                        and m.wrapped(sd.func.value, sd):
+                    yield Hit(sd, f"{ast.unparse(sd.func.value)} is the DDP wrapper: its state_dict keys start "
+                                  "with `module.`, so the file does not load into the plain model.")
+
+
+@rule("DDP016", "Both branches of this rank check run the same code, so every rank does it: the check "
+      "only looks like one.",
+      fix="do the work once on rank 0 and share the result (dist.broadcast_object_list), or drop the if",
+      section="load")
+def identical_rank_branches(m: Module):
+    for node in m.nodes:
+        if isinstance(node, ast.If) and node.orelse and m.mentions_rank(node.test) and \
+                ast.dump(ast.Module(node.body, [])) == ast.dump(ast.Module(node.orelse, [])):
+            loads = any(isinstance(c, ast.Call) and dotted(c.func) == "torch.load" for s in node.body for c in ast.walk(s))
+            yield Hit(node.test, "Both branches of this rank check run the same code: every rank reads the "
+                                 "checkpoint, not rank 0 alone." if loads else None)

@@ -1,0 +1,185 @@
+"""Rules about setting up: the process group, who is who, wrapping the model, seeding."""
+from __future__ import annotations
+
+import ast
+import re
+
+from .astutil import dotted, is_ddp_call, key, last
+from .core import Hit, rule
+from .pyfacts import Module
+
+BATCHNORM = re.compile(r"^(Lazy)?BatchNorm[123]?d?$")
+# torchvision constructors whose models contain BatchNorm layers.
+BN_MODELS = re.compile(r"^(resnet\d+|resnext\w+|wide_resnet\w+|densenet\d+|mobilenet_v[23]\w*|efficientnet\w*"
+                       r"|regnet_\w+|vgg\d+_bn|inception_v3|googlenet|shufflenet_v2\w*|mnasnet\w*)$")
+SEED_CALLS = {"manual_seed", "manual_seed_all", "seed"}
+SEED_FUNCS = {"seed_everything", "set_seed", "set_random_seed", "setup_seed", "fix_seed", "init_seeds"}
+SEED_OWNERS = {"torch", "torch.cuda", "random", "np.random", "numpy.random"}
+NOT_A_BUILD = {"DDP", "DistributedDataParallel", "FSDP", "FullyShardedDataParallel", "fully_shard", "compile",
+               "convert_sync_batchnorm", "to", "cuda", "half", "float", "double", "bfloat16", "deepcopy", "copy",
+               "load_state_dict", "train", "eval", "from_pretrained", "load"}
+
+
+def _backend_arg(call: ast.Call):
+    for kw in call.keywords:
+        if kw.arg == "backend":
+            return kw.value
+    return call.args[0] if call.args else None
+
+
+@rule("DDP001", 'The backend is hard-coded to "nccl": the program cannot run on a CPU or on fewer GPUs '
+      "than processes.",
+      fix='pick it from the device: backend = "nccl" if torch.cuda.is_available() else "gloo"',
+      section="backend")
+def hardcoded_nccl(m: Module):
+    for call in m.calls:
+        if last(call) == "init_process_group":
+            arg = _backend_arg(call)
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.lower() == "nccl":
+                yield Hit(arg)
+
+
+@rule("DDP002", "init_process_group has no timeout: when one rank dies or stalls, the others wait in "
+      "the next collective for the default 10 to 30 minutes instead of failing.",
+      fix="pass timeout=datetime.timedelta(seconds=...) (it also bounds every collective)",
+      section="hang")
+def no_timeout(m: Module):
+    for call in m.calls:
+        if last(call) == "init_process_group" and not any(kw.arg in ("timeout", None) for kw in call.keywords):
+            yield Hit(call)
+
+
+@rule("DDP003", "LOCAL_RANK used as the process's identity: it is 0 once per node, so on two nodes two "
+      "processes pass this check (or read the same shard).",
+      fix="use the global rank (int(os.environ['RANK']), dist.get_rank()) for identity; LOCAL_RANK only "
+          "picks the device",
+      section="ranks")
+def local_rank_identity(m: Module):
+    for node in m.nodes:
+        if isinstance(node, ast.If):
+            r = m.rank0_test(node.test)
+            if r and r[0] == "local" and r[1] and any(_writes_or_prints(n) for s in node.body for n in ast.walk(s)):
+                yield Hit(node.test, "LOCAL_RANK used for a rank-0 check before saving or printing: it is 0 "
+                                     "once per node, so on two nodes two processes do it.")
+    for call in m.calls:
+        if last(call) == "DistributedSampler":
+            for kw in call.keywords:
+                if kw.arg == "rank" and m.identity(kw.value) == "local":
+                    yield Hit(kw.value, "DistributedSampler(rank=<local rank>): every node reads the same "
+                                        "shards, and some shards are never read.")
+                if kw.arg == "num_replicas" and any(
+                        (isinstance(n, ast.Call) and last(n) == "device_count") or
+                        (isinstance(n, ast.Constant) and n.value == "LOCAL_WORLD_SIZE") for n in ast.walk(kw.value)):
+                    yield Hit(kw.value, "DistributedSampler(num_replicas=<GPUs on this node>): on several "
+                                        "nodes the shards overlap; the job has WORLD_SIZE replicas.")
+
+
+def _writes_or_prints(node) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    return dotted(node.func) == "torch.save" or re.search(r"save|write|dump|print", last(node) or "") is not None
+
+
+MOVES = {"to", "cuda", "half", "float", "double", "bfloat16"}
+
+
+@rule("DDP004", "The model is moved or converted after DDP wrapped it: DDP recorded its parameters, "
+      "devices and buckets when it was built.",
+      fix="finish the model first (.to(device), convert_sync_batchnorm), then wrap it: DDP(model, ...)")
+def changed_after_wrap(m: Module):
+    for ddp in (c for c in m.calls if is_ddp_call(c)):
+        parent = m.parent.get(ddp)
+        if isinstance(parent, ast.Attribute) and parent.attr in MOVES:   # DDP(model).to(device)
+            yield Hit(parent)
+            continue
+        names = {key(ddp.args[0])} if ddp.args else set()
+        if isinstance(parent, ast.Assign):
+            names |= {key(t) for t in parent.targets}
+        names.discard(None)
+        scope = m.scope(ddp)
+        for call in sorted((c for c in m.walk_scope(scope) if isinstance(c, ast.Call)), key=lambda c: c.lineno):
+            if call.lineno <= ddp.end_lineno:
+                continue
+            target = None
+            if isinstance(call.func, ast.Attribute) and call.func.attr in MOVES:      # model.to(device)
+                target = key(call.func.value)
+            elif last(call) == "convert_sync_batchnorm" and call.args:               # convert_sync_batchnorm(model)
+                target = key(call.args[0])
+            if target in names and not _rebound(m, scope, target, ddp.end_lineno, call.lineno) \
+                    and _forward_after(m, scope, names, call.lineno):
+                yield Hit(call)
+
+
+def _rebound(m: Module, scope, name, after: int, before: int) -> bool:
+    return any(after < line < before for line, _, _ in m.assignments(scope, name))
+
+
+def _forward_after(m: Module, scope, names, line: int) -> bool:
+    """The model is still used as a model afterwards (a forward call, .train(), parameters())."""
+    for n in m.walk_scope(scope):
+        if isinstance(n, ast.Call) and n.lineno > line:
+            if key(n.func) in names:
+                return True
+            if isinstance(n.func, ast.Attribute) and key(n.func.value) in names and \
+                    n.func.attr in ("train", "parameters", "no_sync", "forward"):
+                return True
+    return False
+
+
+def _has_batchnorm(m: Module) -> bool | None:
+    """True: the file builds BatchNorm (or a torchvision model with it); None: SyncBatchNorm is used."""
+    names = {n.id if isinstance(n, ast.Name) else n.attr for n in m.nodes if isinstance(n, (ast.Name, ast.Attribute))}
+    if "SyncBatchNorm" in names or "convert_sync_batchnorm" in names:
+        return None
+    return any(BATCHNORM.match(n) or BN_MODELS.match(n) for n in names)
+
+
+@rule("DDP005", "broadcast_buffers=False in a model with BatchNorm: each rank's running statistics "
+      "follow its own data and drift apart, so the ranks evaluate different models.",
+      fix="keep the default broadcast_buffers=True, or convert to SyncBatchNorm before wrapping",
+      section="buffers")
+def no_buffer_broadcast(m: Module):
+    if not _has_batchnorm(m):
+        return
+    for call in m.calls:
+        if is_ddp_call(call):
+            for kw in call.keywords:
+                if kw.arg in ("broadcast_buffers", "forward_sync_buffers") and \
+                        isinstance(kw.value, ast.Constant) and kw.value.value is False:
+                    yield Hit(kw)
+
+
+def _seed_call(call: ast.Call) -> bool:
+    name = last(call)
+    owner = dotted(call.func.value) if isinstance(call.func, ast.Attribute) else None
+    return name in SEED_FUNCS or (name in SEED_CALLS and owner in SEED_OWNERS)
+
+
+def _builds_model(node) -> bool:
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)):
+        return False
+    target, call = key(node.targets[0]) or "", node.value
+    while isinstance(call.func, ast.Attribute) and call.func.attr in MOVES and isinstance(call.func.value, ast.Call):
+        call = call.func.value   # build_model().to(device): the build is the inner call
+    return bool(re.search(r"model|(^|_|\.)net(work)?$|backbone", target, re.I)) and last(call) not in NOT_A_BUILD
+
+
+@rule("DDP006", "A per-rank seed before the model is built: the ranks build different initial weights. "
+      "DDP copies rank 0's parameters and buffers when it wraps the model, nothing else (a random split, "
+      "an EMA or teacher copy, a model you never wrap).",
+      fix="seed every rank the same, build the model, then reseed with seed + rank for dropout and "
+          "augmentation",
+      section="seeds")
+def per_rank_seed_first(m: Module):
+    for call in m.calls:
+        if not (_seed_call(call) and any(m.mentions_rank(a) for a in [*call.args, *(k.value for k in call.keywords)])):
+            continue
+        scope = m.scope(call)
+        later = sorted((n for n in m.walk_scope(scope) if getattr(n, "lineno", 0) > call.end_lineno
+                        and isinstance(n, (ast.Call, ast.Assign))), key=lambda n: n.lineno)
+        for n in later:
+            if isinstance(n, ast.Call) and _seed_call(n) and not any(m.mentions_rank(a) for a in n.args):
+                break   # reseeded the same on every rank first
+            if _builds_model(n):
+                yield Hit(call)
+                break

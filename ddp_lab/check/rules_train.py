@@ -1,0 +1,269 @@
+"""Rules about the training loop: sampler epochs, metrics, collectives, accumulation, AMP."""
+from __future__ import annotations
+
+import ast
+import re
+
+from .astutil import dotted, key, last
+from .core import Hit, rule
+from .pyfacts import COLLECTIVES, Module
+
+EPOCHISH = re.compile(r"epoch", re.I)
+METRIC = re.compile(r"loss|acc|correct|metric|ppl|perplexity|top[15]", re.I)
+REDUCING = re.compile(r"reduce|gather|all_?mean|sync|global|across", re.I)
+PRINT0 = re.compile(r"^(print0|print_rank_?0|rank0_print|log0|master_print|print_master|main_print|rank_zero_info)$")
+DEPRECATED_AMP = re.compile(r"^torch\.(cuda|cpu)\.amp\.(autocast|GradScaler|custom_fwd|custom_bwd)$")
+
+
+def _shuffles(call: ast.Call) -> bool:
+    arg = next((kw.value for kw in call.keywords if kw.arg == "shuffle"), call.args[3] if len(call.args) > 3 else None)
+    return arg is None or (isinstance(arg, ast.Constant) and arg.value is True)
+
+
+def _inner(node):
+    """Nodes under node (a loop, a function), not under functions defined inside it."""
+    todo = list(ast.iter_child_nodes(node))
+    while todo:
+        n = todo.pop()
+        yield n
+        if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(n))
+
+
+@rule("DDP007", "DistributedSampler shuffles, but set_epoch is never called: every epoch repeats the "
+      "order (and each rank the subset) of epoch 0.",
+      fix="call sampler.set_epoch(epoch) at the start of every epoch, with the same epoch on every rank",
+      section="set_epoch")
+def no_set_epoch(m: Module):
+    if any(isinstance(n, ast.Attribute) and n.attr == "set_epoch" for n in m.nodes):
+        return
+    if not any(last(c) == "DistributedSampler" and _shuffles(c) for c in m.calls):
+        return
+    for loop in m.nodes:
+        head = ast.unparse(loop.target) + " " + ast.unparse(loop.iter) if isinstance(loop, ast.For) else \
+            ast.unparse(loop.test) if isinstance(loop, ast.While) else None
+        if head and EPOCHISH.search(head) and any(isinstance(n, ast.For) for n in _inner(loop)):
+            yield Hit(loop, "This epoch loop never calls sampler.set_epoch(epoch): DistributedSampler "
+                            "shuffles with seed + epoch, so every epoch repeats the order of epoch 0.")
+
+
+def _is_print(call: ast.Call) -> bool:
+    f = call.func
+    if isinstance(f, ast.Name):
+        return f.id == "print" or bool(PRINT0.match(f.id))
+    return isinstance(f, ast.Attribute) and (bool(PRINT0.match(f.attr)) or (
+        f.attr in ("info", "warning", "debug") and re.search(r"log", dotted(f.value) or "", re.I) is not None))
+
+
+def _reduced(m: Module, scope) -> set:
+    """Names in scope that hold cross-rank values: reduced or gathered, or computed from those."""
+    names, assigns = set(), []
+    for n in m.walk_scope(scope):
+        if isinstance(n, ast.Call) and last(n) in COLLECTIVES - {"broadcast", "broadcast_object_list", "barrier",
+                                                                 "scatter", "scatter_object_list"}:
+            names |= {x.id for a in n.args for x in ast.walk(a) if isinstance(x, ast.Name)}
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
+                and (last(n) in COLLECTIVES or REDUCING.search(last(n))):
+            names.add(n.func.value.id)  # loss_meter.all_reduce(), metric_logger.synchronize_between_processes()
+        elif isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None:
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            assigns.append(({x.id for t in targets for x in ast.walk(t) if isinstance(x, ast.Name)}, n.value))
+    for targets, value in assigns:
+        if any(isinstance(c, ast.Call) and _reduces(m, c) for c in ast.walk(value)):
+            names |= targets
+    changed = True
+    while changed:
+        changed = False
+        for targets, value in assigns:
+            if not targets <= names and any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(value)):
+                names |= targets
+                changed = True
+    return names
+
+
+def _reduces(m: Module, call: ast.Call) -> bool:
+    """A call whose result is (or may be) the same on every rank: a reduction by name, a metric's
+    compute(), an evaluation we cannot see into, or a function of this file with a collective."""
+    name = last(call) or ""
+    if REDUCING.search(name) or name == "compute" or re.search(r"eval|valid|test", name, re.I):
+        return True
+    defs = [f for f in m.nodes if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == name]
+    return any(isinstance(c, ast.Call) and last(c) in COLLECTIVES for f in defs for c in ast.walk(f))
+
+
+@rule("DDP008", "Rank 0 prints a metric computed on its own shard only: the number describes 1/N of "
+      "the data, not the job.",
+      fix="all-reduce [sum, count] first (dist.all_reduce), then print sum / count on rank 0",
+      section="global_loss")
+def per_rank_metric_printed(m: Module):
+    for call in m.calls:
+        if not _is_print(call) or not (PRINT0.match(last(call) or "") or m.rank0_only(call)):
+            continue
+        args = [*call.args, *(k.value for k in call.keywords)]
+        if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "rank" in n.value.lower()
+               or m.identity(n) for a in args for n in ast.walk(a)):
+            continue  # it says whose number it is
+        scope, reduced = m.scope(call), None
+        for name in sorted({n.id for a in args for n in ast.walk(a) if isinstance(n, ast.Name) and METRIC.search(n.id)}):
+            reduced = _reduced(m, scope) if reduced is None else reduced
+            if _shard_only(m, scope, name, reduced):
+                yield Hit(call, f"Rank 0 prints {name}, computed on its own shard only: the number "
+                                "describes 1/N of the data, not the job.")
+                break
+
+
+def _shard_only(m: Module, scope, name: str, reduced: set, depth: int = 0) -> bool:
+    """name holds this rank's own metric: bound here, never reduced, and not computed on rank 0 on
+    purpose (unless that computation only rescales another shard-only metric, `lossf = loss.item() * k`)."""
+    bindings = m.assignments(scope, name)
+    if not bindings or name in reduced or depth > 3:
+        return False  # a parameter or a global (origin unknown), or a cross-rank value
+    on_rank0 = [(v, node) for _, v, node in bindings if m.rank0_only(node)]
+    if not on_rank0:
+        return True
+    return all(v is not None for v, _ in on_rank0) and any(
+        _shard_only(m, scope, n.id, reduced, depth + 1) for v, _ in on_rank0 for n in ast.walk(v)
+        if isinstance(n, ast.Name) and n.id != name and METRIC.search(n.id))
+
+
+@rule("DDP009", "A collective inside a rank-0-only block: the other ranks never join it, so the job hangs "
+      "until the timeout.",
+      fix="call the collective on every rank (outside the if), and keep only the printing or saving "
+          "inside it",
+      section="hang")
+def collective_on_rank0(m: Module):
+    imported = _from_torch_distributed(m)
+    for call in m.calls:
+        name = last(call)
+        if name not in COLLECTIVES:
+            continue
+        if isinstance(call.func, ast.Attribute) and not re.search(r"dist", dotted(call.func.value) or "", re.I):
+            continue
+        if isinstance(call.func, ast.Name) and name not in imported:
+            continue
+        if not m.rank0_only(call) or any(kw.arg == "group" for kw in call.keywords) or any(
+                isinstance(n, (ast.Name, ast.Attribute)) and re.search(r"group|(^|_)pg$", ast.unparse(n), re.I)
+                for a in call.args for n in ast.walk(a)):
+            continue  # a subgroup: its members may be exactly the ranks in this branch
+        scope = m.scope(call)
+        if any(isinstance(c, ast.Call) and c is not call and last(c) == name and not m.rank0_only(c)
+               for c in m.walk_scope(scope)):
+            continue  # the others call it elsewhere (`if rank != 0: barrier()` ... `if rank == 0: barrier()`)
+        yield Hit(call)
+
+
+def _from_torch_distributed(m: Module) -> set:
+    return {a.asname or a.name for n in m.nodes if isinstance(n, ast.ImportFrom)
+            and (n.module or "").startswith("torch.distributed") for a in n.names}
+
+
+def _is_backward(call) -> bool:
+    # loss.backward(), scaler.scale(loss).backward(); not accelerator.backward(loss) (it handles sync)
+    return isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "backward" \
+        and not call.args
+
+
+def _is_optimizer_step(call) -> bool:
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "step"):
+        return False
+    owner = (dotted(call.func.value) or "").lower().rsplit(".", 1)[-1]
+    return "sched" not in owner and ("optim" in owner or owner == "opt" or ("scaler" in owner and bool(call.args)))
+
+
+def _syncs_itself(m: Module) -> bool:
+    names = {n.id if isinstance(n, ast.Name) else n.attr for n in m.nodes if isinstance(n, (ast.Name, ast.Attribute))}
+    return bool(names & {"no_sync", "require_backward_grad_sync", "accumulate", "Accelerator", "accelerator",
+                         "Fabric", "fabric", "deepspeed", "model_engine"})
+
+
+@rule("DDP010", "Gradient accumulation without no_sync: backward() runs on every micro-step but the "
+      "optimizer steps every k, and DDP all-reduces after each backward, so k-1 of every k all-reduces "
+      "are wasted.",
+      fix="run forward and backward inside `with model.no_sync():` on every micro-step but the last of "
+          "each window",
+      section="accumulation")
+def accumulation_without_no_sync(m: Module):
+    if not m.is_ddp or _syncs_itself(m):
+        return
+    seen = set()
+    for node in m.nodes:
+        backwards = _steps_every_k(m, node) if isinstance(node, ast.If) else \
+            _micro_step_loop(m, node) if isinstance(node, (ast.For, ast.AsyncFor)) else []
+        if backwards:
+            first = min(backwards, key=lambda c: (c.lineno, c.col_offset))
+            if id(first) not in seen:
+                seen.add(id(first))
+                yield Hit(first)
+
+
+def _steps_every_k(m: Module, branch: ast.If) -> list:
+    """The backward calls of a loop or function whose optimizer steps only under `if i % k == 0:`
+    (or after `if i % k: continue`)."""
+    if not any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(branch.test)):
+        return []
+    owner = next(a for a in m.ancestors(branch) if isinstance(a, (ast.For, ast.While, ast.FunctionDef,
+                                                                   ast.AsyncFunctionDef, ast.Module)))
+    inside = {id(n) for n in ast.walk(branch)}
+    skips = len(branch.body) == 1 and isinstance(branch.body[0], ast.Continue)
+    steps = [c for c in _inner(owner) if _is_optimizer_step(c)]
+    if not steps or not all((id(c) in inside) != skips for c in steps):
+        return []  # no step here, or an optimizer also steps outside the window (two optimizers, a GAN)
+    return [c for c in _inner(owner) if _is_backward(c) and id(c) not in inside]
+
+
+def _micro_step_loop(m: Module, loop) -> list:
+    """The backward calls of `for micro_step in range(k): ...backward()` with the optimizer step after it."""
+    if not re.search(r"accum|micro", ast.unparse(loop.target) + ast.unparse(loop.iter), re.I):
+        return []
+    parent = m.parent[loop]
+    block = next((getattr(parent, f) for f in ("body", "orelse", "finalbody") if loop in getattr(parent, f, [])), [])
+    after = block[block.index(loop) + 1:] if loop in block else []
+    if any(_is_optimizer_step(c) for c in _inner(loop)) or \
+            not any(_is_optimizer_step(c) for s in after for c in ast.walk(s)):
+        return []
+    return [c for c in _inner(loop) if _is_backward(c)]
+
+
+@rule("DDP011", "no_sync() wraps only backward: DDP decides in forward whether the coming backward "
+      "all-reduces, so this saves nothing.",
+      fix="put the forward pass inside the same `with model.no_sync():` block as backward",
+      section="no_sync")
+def no_sync_backward_only(m: Module):
+    for node in m.nodes:
+        if not isinstance(node, (ast.With, ast.AsyncWith)):
+            continue
+        models = {ast.unparse(c.func.value) for i in node.items for c in ast.walk(i.context_expr)
+                  if isinstance(c, ast.Call) and last(c) == "no_sync" and isinstance(c.func, ast.Attribute)}
+        inside = [n for s in node.body for n in ast.walk(s)]
+        if models and any(_is_backward(c) for c in inside) and not any(_may_forward(n, models) for n in inside):
+            yield Hit(node)  # nothing inside can be the model's forward: it ran before
+
+
+def _may_forward(node, models) -> bool:
+    """The model itself, or a call of something that may be a model (`net(x)`, `self.model(x)`,
+    `criterion(...)`), as opposed to method calls on tensors (`loss.backward()`, `out.sum()`)."""
+    if isinstance(node, (ast.Name, ast.Attribute)) and ast.unparse(node) in models:
+        return True
+    return isinstance(node, ast.Call) and (
+        (isinstance(node.func, ast.Name) and node.func.id not in ("len", "float", "int", "sum", "min", "max", "print"))
+        or (key(node.func) or "").startswith("self."))
+
+
+@rule("DDP012", "torch.cuda.amp is deprecated; without CUDA it also switches itself off with a warning "
+      "and trains in fp32.",
+      fix='use torch.amp: torch.amp.autocast("cuda", dtype=...) and torch.amp.GradScaler("cuda")',
+      section="amp")
+def deprecated_amp(m: Module):
+    for node in m.nodes:
+        parent = m.parent.get(node)
+        used = (isinstance(parent, ast.Call) and parent.func is node) or \
+            (isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) and node in parent.decorator_list)
+        if isinstance(node, ast.Attribute) and used and DEPRECATED_AMP.match(dotted(node) or ""):
+            yield Hit(node, f"{dotted(node)} is deprecated (use torch.amp); without CUDA it also switches "
+                            "itself off with a warning and runs in fp32.")
+        elif isinstance(node, ast.ImportFrom) and (node.module in ("torch.cuda.amp", "torch.cpu.amp") or (
+                node.module in ("torch.cuda", "torch.cpu") and any(a.name == "amp" for a in node.names))):
+            yield Hit(node, f"Importing from {node.module}{'' if node.module.endswith('amp') else '.amp'}, "
+                            "which is deprecated (use torch.amp).")
+        elif isinstance(node, ast.Import) and any(a.name.startswith(("torch.cuda.amp", "torch.cpu.amp")) for a in node.names):
+            yield Hit(node, "Importing torch.cuda.amp, which is deprecated (use torch.amp).")

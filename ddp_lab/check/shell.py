@@ -1,0 +1,175 @@
+"""Shell scripts, .sbatch files and notebook `!` lines: how `torchrun` gets started.
+
+scan() reads a script the way bash does, as far as these rules need: quotes, comments,
+line continuations and heredocs (skipped), then splits it into simple commands.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from .core import Hit, rule
+
+HEREDOC = re.compile(r"<<(-?)[ \t]*(['\"]?)([A-Za-z_]\w*)\2")
+SEPARATORS = {";", "&&", "||", "|", "&", "(", ")", ";;", "|&", "&>", ">", "<", ">>"}
+WRAPPERS = {"exec", "nohup", "time", "env", "srun", "command", "uv", "run", "sudo", "numactl", "taskset"}
+NO_VALUE = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m", "--module"}
+TORCHRUN_OPTION = re.compile(r"^--(nproc[-_]per[-_]node|nnodes|node[-_]rank|master[-_](addr|port)|standalone"
+                             r"|rdzv[-_](backend|endpoint|id|conf)|max[-_]restarts)(=|$)")
+
+
+@dataclass
+class Command:
+    first: int               # line numbers, 1-based
+    last: int
+    tokens: list
+
+
+@dataclass
+class Script:
+    lines: list
+    breaks: list = field(default_factory=list)     # (line, col, "comment" | "space")
+    commands: list = field(default_factory=list)
+    bang: bool = False                             # one `!cmd` line of a notebook
+
+
+def scan(text: str, bang: bool = False) -> Script:
+    script = Script(text.splitlines(), bang=bang)
+    quote, heredocs, pieces, first = None, [], [], None
+    for n, raw in enumerate(script.lines, 1):
+        if heredocs and quote is None:
+            tabs, delim = heredocs[0]
+            if (raw.lstrip("\t") if tabs else raw) == delim:
+                heredocs.pop(0)
+            continue
+        code, j, cont = [], 0, False
+        while j < len(raw):
+            c = raw[j]
+            if quote:
+                if c == "\\" and quote == '"' and j + 1 < len(raw):
+                    code.append(raw[j:j + 2])
+                    j += 2
+                    continue
+                quote = None if c == quote else quote
+            elif c in "'\"":
+                quote = c
+            elif c == "\\":
+                if j + 1 == len(raw):
+                    cont = True
+                    break
+                after = re.fullmatch(r"[ \t]+(#.*)?", raw[j + 1:])
+                if after:  # bash escapes the blank: the line no longer continues
+                    script.breaks.append((n, j + 1, "comment" if after.group(1) else "space"))
+                code.append(raw[j:j + 2])
+                j += 2
+                continue
+            elif c == "#" and (j == 0 or raw[j - 1] in " \t;|&()"):
+                break
+            elif raw.startswith("<<", j) and not raw.startswith("<<<", j):
+                m = HEREDOC.match(raw, j)
+                if m:
+                    heredocs.append((m.group(1) == "-", m.group(3)))
+            code.append(c)
+            j += 1
+        first = n if first is None else first
+        pieces.append("".join(code) + ("\n" if quote else ""))
+        if not (cont or quote):
+            _commands(script, "".join(pieces), first, n)
+            pieces, first = [], None
+    return script
+
+
+def _commands(script: Script, code: str, first: int, last: int) -> None:
+    lexer = shlex.shlex(code, posix=True, punctuation_chars=True)
+    lexer.whitespace_split, lexer.commenters = True, ""
+    try:
+        tokens = list(lexer)
+    except ValueError:  # something shlex cannot read ($'...', unbalanced quotes): no opinion
+        return
+    current: list = []
+    for tok in tokens + [";"]:
+        if tok in SEPARATORS:
+            if current:
+                script.commands.append(Command(first, last, current))
+            current = []
+        else:
+            current.append(tok)
+
+
+def launcher(cmd: Command) -> tuple[str, int] | None:
+    """("torchrun" | "torch.distributed.run" | "torch.distributed.launch", index of its first
+    argument) when the command starts torchrun, possibly after env settings or srun/exec."""
+    toks = cmd.tokens
+    for i, tok in enumerate(toks):
+        if tok.rsplit("/", 1)[-1] == "torchrun":
+            return "torchrun", i + 1
+        if tok == "-m" and i + 1 < len(toks) and toks[i + 1] in ("torch.distributed.run", "torch.distributed.launch"):
+            return toks[i + 1], i + 2
+        if not (re.match(r"^\w+=", tok) or tok in WRAPPERS or tok.startswith("-")
+                or re.search(r"python|\{sys\.executable\}|\$\{?PYTHON", tok)):
+            return None
+    return None
+
+
+def _at(script: Script, cmd: Command, text: str) -> Hit:
+    """A hit on the last line of the command holding text (options follow the script name)."""
+    line = max((n for n in range(cmd.first, cmd.last + 1) if text in script.lines[n - 1]), default=cmd.first)
+    return Hit(line, col=script.lines[line - 1].find(text) + 1 if text in script.lines[line - 1] else 1)
+
+
+@rule("DDP101", "A comment after a line-continuing backslash: the backslash escapes the blank after it, "
+      "so the command ends on this line and the next lines run as commands of their own.",
+      fix="end the line with the backslash itself; put comments on lines of their own above the command",
+      section="comments", kind="shell")
+def comment_after_backslash(script: Script):
+    for line, col, what in script.breaks:
+        if what == "comment":
+            yield Hit(line, col=col)
+        else:
+            yield Hit(line, "Blanks after a line-continuing backslash: it escapes the blank instead of the "
+                            "newline, so the command ends on this line.", col=col)
+
+
+@rule("DDP102", "`!torchrun` in a notebook cell: a failed launch does not fail the cell, and the workers "
+      "outlive an interrupted or restarted kernel.",
+      fix="launch from Python: ddp_lab.launch.torchrun(...) or subprocess.run([sys.executable, '-m', "
+          "'torch.distributed.run', ...], check=True)",
+      section="bang", kind="shell")
+def bang_torchrun(script: Script):
+    if script.bang:
+        for cmd in script.commands:
+            if launcher(cmd):
+                yield _at(script, cmd, "torch" if "torch" in script.lines[cmd.first - 1] else "")
+
+
+@rule("DDP103", "torch.distributed.launch is deprecated: it passes --local_rank to the script, and torchrun "
+      "replaced it.",
+      fix="use torchrun (or python -m torch.distributed.run) with the same options, and read "
+          "os.environ['LOCAL_RANK'] in the script", kind="shell")
+def deprecated_launch(script: Script):
+    for cmd in script.commands:
+        found = launcher(cmd)
+        if found and found[0] == "torch.distributed.launch":
+            yield _at(script, cmd, "torch.distributed.launch")
+
+
+@rule("DDP104", "A torchrun option after the script name goes to the script, not to torchrun, which "
+      "then runs with its default (one process).",
+      fix="put every torchrun option (--nproc_per_node, --nnodes, ...) before the script or -m module",
+      kind="shell")
+def option_after_script(script: Script):
+    for cmd in script.commands:
+        found = launcher(cmd)
+        if not found:
+            continue
+        args, i = cmd.tokens[found[1]:], 0
+        while i < len(args) and args[i].startswith("-"):
+            i += 1 if "=" in args[i] or args[i] in NO_VALUE else 2
+        for arg in args[i + 1:]:
+            if TORCHRUN_OPTION.match(arg):
+                hit = _at(script, cmd, arg.split("=")[0])
+                hit.message = (f"{arg.split('=')[0]} comes after the script {args[i]}: it goes to the script, "
+                               "and torchrun runs with its default.")
+                yield hit
+                break

@@ -1,0 +1,42 @@
+"""The `ddp-lab` command: tools you run on your own work, one subcommand each.
+
+    ddp-lab check train.py launch.sh     # static checker for the classic DDP bugs
+
+A subcommand is a module with add_arguments(parser) and run(args) -> exit status; add one
+by listing it in SUBCOMMANDS.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module with add_arguments(parser) and run(args), one-line help)
+SUBCOMMANDS = {
+    "check": ("ddp_lab.check.report", "find the classic DDP bugs in scripts and notebooks (nothing runs)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ddp-lab", description="DDP Lab tools for your own training code.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        mod = importlib.import_module(module)
+        sp = sub.add_parser(name, help=help_text, description=getattr(mod, "DESCRIPTION", help_text),
+                            epilog=getattr(mod, "EPILOG", None), formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(sp)
+        sp.set_defaults(run=mod.run)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
