@@ -8,9 +8,16 @@ For an all-reduce of S bytes over N ranks:
     naive (reduce to rank 0, broadcast back)   2(N-1) * (alpha + S * beta)
     ring  (reduce-scatter + all-gather)        2(N-1) * alpha + 2(N-1)/N * S * beta
     tree  (binomial reduce, then broadcast)    2 ceil(log2 N) * (alpha + S * beta)
+    tree, pipelined in k chunks                2 (ceil(log2 N) + k - 1) * (alpha + S/k * beta)
 
-Ring wins for big tensors (its bandwidth term stops growing with N), tree for small
-ones on many ranks (its latency term grows like log N). NCCL picks between them.
+The plain tree sends the whole tensor at every level, one level after the other, so
+its bandwidth term grows like log N: against it the ring wins every big tensor.
+NCCL's trees are pipelined: the tensor is cut into chunks, and while one chunk
+climbs a level the next one follows, so every level works at once and the bandwidth
+term stays near 2 * S * beta (one chunk per link per step; NCCL's double binary tree
+arranges its two trees so that holds), with a latency term that grows like log N,
+not N. tree_pipelined() picks the best k. Ring wins for big tensors on few ranks;
+on many ranks the pipelined tree wins all but enormous ones. NCCL picks per call.
 
 nccl-tests definitions: algbw = S / t; busbw = algbw * 2(N-1)/N. busbw undoes the
 ring's 2(N-1)/N factor, so it estimates the link speed and compares across N.
@@ -35,7 +42,25 @@ def tree(nbytes, n, alpha, beta):
     return 2 * levels * (alpha + np.asarray(nbytes, dtype=float) * beta)
 
 
-MODELS = {"naive": naive, "ring": ring, "tree": tree}
+def tree_pipelined(nbytes, n, alpha, beta, chunks=None):
+    """Tree reduce then broadcast, each pass pipelined in `chunks` pieces: (L + k - 1) steps of
+    alpha + (S/k) beta per pass, L = ceil(log2 n). chunks=None picks the k that minimises it
+    (k* = sqrt((L - 1) S beta / alpha)); chunks=1 is the plain tree."""
+    levels = math.ceil(math.log2(n)) if n > 1 else 0
+    s = np.asarray(nbytes, dtype=float)
+    if levels == 0:
+        return np.zeros_like(s)
+    if chunks is None:
+        if alpha <= 0:
+            return 2 * s * beta + 0 * s  # infinitely many chunks cost nothing: bandwidth alone
+        k = np.maximum(1.0, np.round(np.sqrt((levels - 1) * s * beta / alpha)))
+    else:
+        k = np.asarray(chunks, dtype=float)
+    return 2 * (levels + k - 1) * (alpha + s / k * beta)
+
+
+MODELS = {"naive": naive, "ring": ring, "tree": tree}                # linear in alpha, beta: fit() can use them
+PREDICTORS = {**MODELS, "tree (pipelined)": tree_pipelined}
 
 
 def from_steps(sim, alpha, beta) -> float:
@@ -88,9 +113,10 @@ def relative_error(predicted, measured):
 
 
 def crossover_bytes(n, alpha, beta, a="tree", b="ring"):
-    """Smallest power-of-two size at which algorithm b becomes cheaper than a (None if never)."""
+    """Smallest power-of-two size, up to 1 TiB, at which algorithm b (a PREDICTORS name)
+    becomes cheaper than a (None if it never does)."""
     for k in range(0, 41):
         s = 2 ** k
-        if MODELS[b](s, n, alpha, beta) < MODELS[a](s, n, alpha, beta):
+        if PREDICTORS[b](s, n, alpha, beta) < PREDICTORS[a](s, n, alpha, beta):
             return s
     return None

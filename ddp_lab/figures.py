@@ -42,7 +42,7 @@ def dataflow(n: int = 4):
     dev0 = (1.2, 2.2)
     _box(a, dev0, "device 0, thread 0\nwhole batch, model,\nloss, optimizer", "#F4D03F", w=2.0, h=1.4)
     ys = np.linspace(4.0, 0.4, n - 1)
-    steps = [("1 scatter inputs", "#1f77b4"), ("2 replicate weights", "#2ca02c"),
+    steps = [("1 scatter inputs", "#1f77b4"), ("2 broadcast weights", "#2ca02c"),
              ("3 gather outputs", "#9467bd"), ("4 reduce grads", "#d62728")]
     for k, y in enumerate(ys, start=1):
         _box(a, (7.2, y), f"device {k}\nthread {k}", "#D6EAF8")
@@ -52,8 +52,8 @@ def dataflow(n: int = 4):
             to_dev = j < 2
             s, e = ((2.2, dev0[1] + dy), (6.4, y + dy)) if to_dev else ((6.4, y + dy), (2.2, dev0[1] + dy))
             _arrow(a, s, e, label if out_ else "", color, offset=(0.4 * (j - 1.5), 0.35 + 0.22 * j))
-    a.text(1.2, 0.9, "loss and backward start here;\nall weights re-sent each step", ha="center",
-           fontsize=7.5)
+    a.text(1.2, 0.75, "loss and backward start here;\nreplicas rebuilt and weights\nbroadcast every step;\n"
+           "gradients reduced after backward", ha="center", fontsize=7.5)
     b.set_title("DistributedDataParallel: one process per device", fontsize=10)
     angles = np.linspace(np.pi / 2, np.pi / 2 - 2 * np.pi, n, endpoint=False)
     pts = [(4 + 3.2 * np.cos(t), 2.3 + 1.9 * np.sin(t)) for t in angles]
@@ -70,17 +70,34 @@ def dataflow(n: int = 4):
     return fig
 
 
-def bytes_curve(ns, dp_analytic, ddp_analytic, dp_counted, ddp_counted, param_mb: float):
+def link_bytes(ns, series: dict, param_bytes: float):
+    """series: label -> bytes in + out of the busiest device per step, for each N (counted)."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(ns, np.array(dp_analytic) / 1e6, "-", color="#C44E52", label="DataParallel, device 0 (analytic)")
-    ax.plot(ns, np.array(dp_counted) / 1e6, "o", color="#C44E52", label="DataParallel (counted)")
-    ax.plot(ns, np.array(ddp_analytic) / 1e6, "-", color="#4C72B0", label="DDP ring, any device (analytic)")
-    ax.plot(ns, np.array(ddp_counted) / 1e6, "s", color="#4C72B0", label="DDP ring (counted)")
+    styles = ["o-", "s--", "^-", "v:"]
+    for (label, values), style in zip(series.items(), styles):
+        ax.plot(ns, np.array(values) / param_bytes, style, label=label)
     ax.set_xlabel("devices N")
-    ax.set_ylabel("MB in + out of the busiest device, per step")
-    ax.set_title(f"Traffic through the busiest device (model {param_mb:.2f} MB)")
+    ax.set_ylabel("bytes in + out of the busiest device / P")
+    ax.set_title(f"Weights and gradients per step (P = {param_bytes / 1e6:.2f} MB of parameters)", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def replicate_cost(ns, replicate_s: dict, forward_s: dict):
+    """replicate_s / forward_s: model label -> seconds for each N (measured)."""
+    fig, ax = plt.subplots(figsize=(9.5, 3.8))
+    for k, (label, values) in enumerate(replicate_s.items()):
+        color = RANK_COLORS[k % len(RANK_COLORS)]
+        ax.plot(ns, np.array(values) * 1e3, "o-", color=color, label=f"{label}: replicate()")
+        ax.plot(ns, np.array(forward_s[label]) * 1e3, "s:", color=color, label=f"{label}: one replica's forward")
+    ax.set_xlabel("devices N")
+    ax.set_ylabel("ms (best of 5)")
+    ax.set_yscale("log")
+    ax.set_title("Building the replicas, every step, in Python", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     return fig
 

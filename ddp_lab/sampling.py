@@ -90,7 +90,7 @@ class LengthBalancedSampler(Sampler):
     ranks in snake order (0,1,..,W-1,W-1,..,0) so their padded costs match, then
     shuffle the order of the steps. Like DistributedSampler it pads the last
     global batch by repeating samples, so every rank runs the same number of
-    steps (uneven step counts hang DDP). The price, as seed 000 warns: a batch
+    steps (uneven step counts hang DDP). The price, as the engineering article warns: a batch
     now holds samples of similar length instead of a random mix.
     Use it as DataLoader(dataset, batch_sampler=LengthBalancedSampler(...)).
     """

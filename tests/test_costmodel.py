@@ -1,4 +1,6 @@
 """The alpha-beta model: formulas agree with the simulated schedules, and the fit recovers them."""
+import math
+
 import numpy as np
 import pytest
 
@@ -62,3 +64,32 @@ def test_tree_wins_small_messages_on_many_ranks_ring_wins_big_ones():
 def test_fit_rejects_too_few_points():
     with pytest.raises(ValueError, match="at least two"):
         costmodel.fit([1024], [1e-3], 2)
+
+
+def test_pipelined_tree_is_the_plain_tree_with_one_chunk_and_never_slower():
+    sizes = 4.0 ** np.arange(3, 15)
+    for n in (2, 8, 64, 512):
+        assert np.allclose(costmodel.tree_pipelined(sizes, n, ALPHA, BETA, chunks=1), costmodel.tree(sizes, n, ALPHA, BETA))
+        best = costmodel.tree_pipelined(sizes, n, ALPHA, BETA)
+        assert np.all(best <= costmodel.tree(sizes, n, ALPHA, BETA) * (1 + 1e-12))
+        for k in (2, 7, 64):  # the chosen chunk count is at least as good as these
+            assert np.all(best <= costmodel.tree_pipelined(sizes, n, ALPHA, BETA, chunks=k) * 1.02)
+
+
+def test_pipelined_tree_bandwidth_term_does_not_grow_with_log_n():
+    S = 2.0 ** 34  # 16 GiB: bandwidth-bound
+    for n in (8, 64, 512):
+        assert costmodel.tree_pipelined(S, n, ALPHA, BETA) < 1.1 * 2 * S * BETA
+        assert costmodel.tree(S, n, ALPHA, BETA) >= 2 * math.ceil(math.log2(n)) * S * BETA
+
+
+def test_pipelining_moves_the_ring_tree_crossover_up_on_many_ranks():
+    cross = {(n, a): costmodel.crossover_bytes(n, ALPHA, BETA, a=a) for n in (8, 64, 512)
+             for a in ("tree", "tree (pipelined)")}
+    assert all(cross[n, "tree (pipelined)"] >= cross[n, "tree"] for n in (8, 64, 512))
+    assert cross[64, "tree (pipelined)"] > 4 * cross[64, "tree"]
+    assert cross[512, "tree (pipelined)"] > 64 * cross[512, "tree"]
+    for n in (8, 64, 512):  # at the crossover the ring really is cheaper, and just below it is not
+        c = cross[n, "tree (pipelined)"]
+        assert costmodel.ring(c, n, ALPHA, BETA) < costmodel.tree_pipelined(c, n, ALPHA, BETA)
+        assert costmodel.ring(c / 2, n, ALPHA, BETA) >= costmodel.tree_pipelined(c / 2, n, ALPHA, BETA)

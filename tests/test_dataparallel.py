@@ -29,30 +29,55 @@ def test_dataparallel_without_cuda_is_the_plain_module():
     assert report["forward_calls"] == 2 and report["same_thread"]
 
 
+@pytest.mark.parametrize("schedule", dpm.SCHEDULES)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
-def test_dp_step_gradient_is_the_big_batch_gradient(n):
+def test_dp_step_gradient_is_the_big_batch_gradient(n, schedule):
     x, y = batch(60)  # 60 does not divide by 7: unequal chunks must still be right
     torch.manual_seed(0)
     model = models.mlp()
     expected = reference_grads(model, x, y)
-    step = dpm.dp_step(model, x, y, n)
+    step = dpm.dp_step(model, x, y, n, schedule=schedule)
     for p, g in zip(model.parameters(), expected):
         assert torch.allclose(p.grad, g, atol=1e-6)
     assert set(step.pids) == {os.getpid()} and len(set(step.threads)) == n
     assert step.loss == pytest.approx(F.cross_entropy(model(x), y).item(), rel=1e-5)
 
 
-@pytest.mark.parametrize("n", [1, 2, 4, 8])
-def test_dp_traffic_matches_the_formula(n):
+def test_dp_step_uses_torch_replicate_and_rebuilds_every_step():
+    x, y = batch(32)
+    torch.manual_seed(0)
+    model = models.mlp()
+    first, second = dpm.dp_step(model, x, y, 3), dpm.dp_step(model, x, y, 3)
+    own = {id(p) for p in model.parameters()}
+    for step in (first, second):
+        assert len(step.replicas) == 3 and all(r is not model for r in step.replicas)
+        assert all(getattr(r, "_is_replica", False) for r in step.replicas)   # torch's replicate made them
+        assert not any(id(t) in own for r in step.replicas for t in r._former_parameters.values())
+    assert not any(a is b for a in first.replicas for b in second.replicas)
+    assert not model._forward_hooks  # the witnesses did not leak into the model
+
+
+def test_dp_reduce_runs_once_after_all_of_backward():
+    x, y = batch(32)
+    torch.manual_seed(0)
+    step = dpm.dp_step(models.mlp(), x, y, 4)
+    kinds = [what for what, _ in sorted(step.events, key=lambda e: e[1])]
+    assert kinds.count("reduce grads onto device 0") == 1 and kinds[-1] == "reduce grads onto device 0"
+    assert sum(k.startswith("replica ") for k in kinds) == 4 * 3  # 3 layers with gradients per replica
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_dp_link_bytes_by_schedule(n):
     x, y = batch(64)
     torch.manual_seed(0)
     model = models.mlp()
-    step = dpm.dp_step(model, x, y, n)
     P = sum(p.nbytes for p in model.parameters())
-    device, through = step.traffic.busiest()
-    assert through == round(dpm.dp_bytes(n, P, x.nbytes, 64 * 10 * 4))
-    assert n == 1 or device == 0
-    assert step.traffic.by_phase.get("replicate weights", 0) == (n - 1) * P
+    wg = ("replicate weights", "reduce grads")
+    copies = dpm.dp_step(model, x, y, n, schedule="copies").traffic
+    assert copies.through(0, wg) == 2 * (n - 1) * P and copies.busiest(wg)[0] == 0
+    piped = dpm.dp_step(model, x, y, n, schedule="pipelined").traffic
+    assert piped.through(0, wg) == 2 * P and piped.busiest(wg)[1] <= 4 * P
+    assert piped.by_phase["replicate weights"] == copies.by_phase["replicate weights"] == (n - 1) * P
 
 
 def test_dp_counts_buffers_of_batchnorm():
@@ -63,6 +88,20 @@ def test_dp_counts_buffers_of_batchnorm():
     P = sum(p.nbytes for p in model.parameters())
     B = sum(b.nbytes for b in model.buffers())
     assert B > 0 and step.traffic.by_phase["replicate weights"] == P + B
+
+
+def test_replicate_cost_is_measured():
+    torch.manual_seed(0)
+    model = models.mlp()
+    assert dpm.replicate_seconds(model, 4, repeats=2) > 0
+    assert dpm.forward_seconds(model, batch(8)[0], repeats=2) > 0
+
+
+def test_threads_running_python_keep_at_most_one_core_busy():
+    threads = torch.get_num_threads()
+    busy = dpm.cores_busy(dpm.python_work, n_threads=2, repeats=200)
+    assert 0 < busy < 1.1  # one interpreter lock: never two cores, whatever the load
+    assert torch.get_num_threads() == threads
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
@@ -80,7 +119,7 @@ def test_ring_allreduce_sums_and_counts(n):
 
 def test_nb01_probe_records_the_lessons_claims():
     run = launch.torchrun("-m ddp_lab.experiments.nb01_ddp_checks", nproc=2, stream=False, timeout=300)
-    seeds = {r["rank"]: r for r in run.select(kind="seed")}
+    seeds = {r["rank"]: r for r in run.select(kind="per_rank_seed")}
     assert seeds[0]["before"] != seeds[1]["before"] and seeds[0]["after"] == seeds[1]["after"]
     grads = {r["rank"]: torch.tensor(r["grad"]) for r in run.select(kind="grad")}
     assert torch.equal(grads[0], grads[1])
@@ -88,5 +127,5 @@ def test_nb01_probe_records_the_lessons_claims():
     assert max(bn["no_broadcast"]["gaps"]) > 0 and not any(bn["broadcast"]["gaps"])
     timing = run.select(kind="timing")
     assert {r["model"] for r in timing} == {"cnn", "wide_mlp"}
-    assert all(r["grad_bytes"] == 4 * r["params"] and r["step_s"] > 0 for r in timing)
+    assert all(r["hook_bytes"] == {"sync": 4 * r["params"], "no_sync": 0} and r["step_s"] > 0 for r in timing)
     assert len(run.select(kind="baseline")) == 2

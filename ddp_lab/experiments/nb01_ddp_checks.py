@@ -3,12 +3,13 @@
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb01_ddp_checks
 
 One launch records four things (run.select(kind=...)):
-  seed    seed 004's seed_everything(42 + rank): parameter checksums before and
-          after DDP(...) wraps the model, and one random draw per rank
+  per_rank_seed  the survey article's seed_everything(42 + rank): parameter checksums
+          before and after DDP(...) wraps the model, and one random draw per rank
   grad    DDP's averaged gradient after one step on this rank's half of a batch
   bn      BatchNorm running mean across ranks with broadcast_buffers False/True
           (and SyncBatchNorm when CUDA is there)
-  timing  per model: DDP step, compute alone (no_sync) and one all-reduce of all gradients
+  timing  per model: DDP step, compute alone (no_sync) and one all-reduce of all gradients,
+          and the bytes DDP's comm hook handed to all-reduce in one step with and without no_sync
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ddp_lab import models, runtime
+from ddp_lab import buckets, models, runtime
 from ddp_lab.data import digits, digits_tensors
 
 GRAD_BATCH = 64   # global batch of the gradient check; each rank takes half
@@ -36,7 +37,7 @@ TIMING_STEPS = 6
 
 
 def seed_everything(seed: int) -> None:
-    """Seed 004's seed_everything, unchanged."""
+    """The survey article's seed_everything, unchanged."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -52,11 +53,11 @@ def flat_grad(model: nn.Module) -> torch.Tensor:
 
 
 def seed_and_grad(ctx) -> None:
-    seed_everything(42 + ctx.rank)            # seed 004: a different seed per rank
+    seed_everything(42 + ctx.rank)            # the survey article: a different seed per rank
     model = models.mlp().to(ctx.device)
     before = checksum(model)                  # differs per rank: different seeds
     model = DDP(model)                        # DDP broadcasts rank 0's parameters here
-    ctx.record(kind="seed", before=before, after=checksum(model.module),
+    ctx.record(kind="per_rank_seed", before=before, after=checksum(model.module),
                draw=torch.rand(3).tolist())   # per-rank randomness (dropout, augmentation) stays different
     X, y = digits_tensors("train")
     half = GRAD_BATCH // ctx.world_size
@@ -74,9 +75,9 @@ def bn_drift(ctx, mode: str) -> None:
     if mode == "sync_bn":
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     net = net.to(ctx.device)
-    with warnings.catch_warnings():  # torch 2.14 renames it forward_sync_buffers; seed 004 uses the old name
+    with warnings.catch_warnings():  # torch 2.14 renames it forward_sync_buffers; the article uses the old name
         warnings.simplefilter("ignore", FutureWarning)
-        model = DDP(net, broadcast_buffers=(mode != "no_broadcast"))   # seed 004 passes False
+        model = DDP(net, broadcast_buffers=(mode != "no_broadcast"))   # the survey article passes False
     seen = {}
     model.module[1].register_forward_pre_hook(lambda m, i: seen.update(mean=m.running_mean.clone()))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -166,7 +167,27 @@ def timing(ctx) -> None:
         allreduce_s = sorted(times)[1]
         ctx.record(kind="timing", model=name, params=models.n_params(model.module),
                    grad_bytes=flat.nbytes, global_batch=global_batch, step_s=step_s,
-                   compute_s=compute_s, allreduce_s=allreduce_s, threads=torch.get_num_threads())
+                   compute_s=compute_s, allreduce_s=allreduce_s, threads=torch.get_num_threads(),
+                   hook_bytes=bytes_per_step(make, x, y, ctx.device))
+        del model, optimizer
+
+
+def bytes_per_step(make, x, y, device) -> dict:
+    """Bytes DDP's buckets hand to all-reduce in one step, with sync and under no_sync()."""
+    torch.manual_seed(0)
+    model = DDP(make().to(device))
+    log = []
+    model.register_comm_hook(None, buckets.recording_hook(log))  # counts each bucket, then all-reduces it
+    out = {}
+    for mode in ("sync", "no_sync"):
+        log.clear()
+        with (model.no_sync() if mode == "no_sync" else contextlib.nullcontext()):
+            F.cross_entropy(model(x), y).backward()
+        out[mode] = sum(b["bytes"] for b in log)
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()  # a synced step after no_sync, so no gradient is left pending
+    del model
+    return out
 
 
 def main() -> None:

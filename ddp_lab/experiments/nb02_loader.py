@@ -1,4 +1,4 @@
-"""Seed 004's DataLoader knobs, measured on a loader with a deliberately slow transform.
+"""The survey article's DataLoader knobs, measured on a loader with a deliberately slow transform.
 
     python -m ddp_lab.experiments.nb02_loader      # prints the table; no launch needed
 

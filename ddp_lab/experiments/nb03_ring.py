@@ -5,7 +5,10 @@
 One launch of W processes checks every ring size N = 2..W: ranks 0..N-1 form a
 subgroup and run ring.all_reduce_p2p and dist.all_reduce on the same inputs.
 Records per N: exact equality on integer-valued floats, max difference on random
-floats, bytes each rank sent; then algbw and busbw of dist.all_reduce per N.
+floats, bytes each rank sent ("check"); the time of dist.all_reduce and of the
+hand-built ring on one 4 MB tensor per N ("bw"); and a size sweep of dist.all_reduce
+on 2 ranks, 4 KB to 16 MB, for fitting the alpha-beta model ("sweep"). Timings are
+taken in interleaved rounds and reported as medians of the slowest rank.
 """
 import argparse
 import os
@@ -24,6 +27,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--numel", type=int, default=1003)            # not divisible by 2, 3 or 4
 p.add_argument("--bw-bytes", type=int, default=4 * 2**20)    # size for the algbw/busbw table
 p.add_argument("--iters", type=int, default=8)
+p.add_argument("--sweep", default="4K,16K,64K,256K,1M,4M,16M")  # all_reduce sizes on 2 ranks
 args = p.parse_args()
 
 with runtime.distributed() as ctx:
@@ -47,22 +51,52 @@ with runtime.distributed() as ctx:
                        nbytes=ints.numel() * ints.element_size())
         dist.barrier()
     # Bandwidth per ring size, and the hand-built ring against the library, same tensor.
-    count = args.bw_bytes // 4
-    for n, group in groups.items():
+    # Interleaved: every round times each (N, implementation) once, so a machine that gets
+    # busier or quieter during the run slows every variant alike and their ratios hold.
+    x = torch.ones(args.bw_bytes // 4)
+    variants = [(n, label) for n in groups for label in ("all_reduce", "p2p_ring")]
+    def call(n, label):
+        if label == "all_reduce":
+            dist.all_reduce(x, group=groups[n])
+        else:
+            ring.all_reduce_p2p(x, group=groups[n])
+    times = {v: torch.zeros(args.iters, dtype=torch.float64) for v in variants}
+    for i in range(-1, args.iters):  # round -1 is the warm-up
+        for n, label in variants:
+            if ctx.rank < n:
+                x.fill_(1.0)
+                dist.barrier(group=groups[n])
+                t0 = time.perf_counter()
+                call(n, label)
+                if i >= 0:
+                    times[n, label][i] = time.perf_counter() - t0
+            dist.barrier()
+    for n, label in variants:
         if ctx.rank < n:
-            x = torch.ones(count)
-            for label, fn in (("all_reduce", lambda: dist.all_reduce(x, group=group)),
-                              ("p2p_ring", lambda: ring.all_reduce_p2p(x, group=group))):
-                fn()  # warm-up
-                times = torch.zeros(args.iters, dtype=torch.float64)
-                for i in range(args.iters):
-                    dist.barrier(group=group)
-                    t0 = time.perf_counter()
-                    fn()
-                    times[i] = time.perf_counter() - t0
-                # A call ends when its slowest rank ends; the median shrugs off a busy machine's spikes.
-                dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
-                if ctx.rank == 0:
-                    ctx.record(kind="bw", n=n, impl=label, bytes=count * 4, time_s=times.median().item())
+            # A call ends when its slowest rank ends; the median shrugs off a busy machine's spikes.
+            dist.all_reduce(times[n, label], op=dist.ReduceOp.MAX, group=groups[n])
+            if ctx.rank == 0:
+                ctx.record(kind="bw", n=n, impl=label, bytes=x.numel() * 4,
+                           time_s=times[n, label].median().item())
+        dist.barrier()
+    # The size sweep on ranks 0 and 1, interleaved in the same way, for the cost model.
+    units = {"K": 2**10, "M": 2**20}
+    sizes = [int(t[:-1]) * units[t[-1]] if t[-1] in units else int(t) for t in args.sweep.split(",")]
+    bufs = {b: torch.ones(b // 4) for b in sizes}
+    sweep = {b: torch.zeros(args.iters, dtype=torch.float64) for b in sizes}
+    for i in range(-1, args.iters):
+        for b in sizes:
+            if ctx.rank < 2:
+                dist.barrier(group=groups[2])
+                t0 = time.perf_counter()
+                dist.all_reduce(bufs[b], group=groups[2])
+                if i >= 0:
+                    sweep[b][i] = time.perf_counter() - t0
+            dist.barrier()
+    for b in sizes:
+        if ctx.rank < 2:
+            dist.all_reduce(sweep[b], op=dist.ReduceOp.MAX, group=groups[2])
+            if ctx.rank == 0:
+                ctx.record(kind="sweep", n=2, bytes=b, time_s=sweep[b].median().item())
         dist.barrier()
     ctx.print0(f"p2p ring checked against dist.all_reduce for N = 2..{ctx.world_size}")
