@@ -132,14 +132,8 @@ def test_every_corpus_file_is_covered():
     assert on_disk == set(CORPUS_FINDINGS) | {"notebook_finetune.ipynb"}
 
 
-# This project's programs must check clean. Two lesson probes reproduce a bug on purpose; each
-# may carry `# ddp-lab: ignore[ID]` on that line (then it is not reported), nothing else may show.
-ON_PURPOSE = {
-    ("ddp_lab/experiments/nb01_ddp_checks.py", "DDP006"),     # the survey article's seed_everything(42 + rank)
-    ("ddp_lab/experiments/nb06_load_and_shard.py", "DDP006"),  # ranks start different so loading must fix it
-}
-
-
+# This project's programs must check clean; the two lesson probes that reproduce a bug on purpose
+# carry `# ddp-lab: ignore[DDP006]` on that line.
 def own_programs():
     for pattern in ("scripts/*.py", "scripts/*.sh", "scripts/*.sbatch", "ddp_lab/experiments/*.py"):
         yield from sorted(ROOT.glob(pattern))
@@ -148,5 +142,4 @@ def own_programs():
 @pytest.mark.parametrize("path", list(own_programs()), ids=lambda p: str(p.relative_to(ROOT)))
 def test_project_programs_check_clean(path):
     rel = str(path.relative_to(ROOT))
-    unexpected = [f"{f.location()}: {f.id} {f.message}" for f in check.check_file(path) if (rel, f.id) not in ON_PURPOSE]
-    assert unexpected == []
+    assert [f"{f.location()}: {f.id} {f.message}" for f in check.check_file(path)] == [], rel

@@ -53,7 +53,7 @@ def flat_grad(model: nn.Module) -> torch.Tensor:
 
 
 def seed_and_grad(ctx) -> None:
-    seed_everything(42 + ctx.rank)            # the survey article: a different seed per rank
+    seed_everything(42 + ctx.rank)  # the survey article, on purpose  # ddp-lab: ignore[DDP006]
     model = models.mlp().to(ctx.device)
     before = checksum(model)                  # differs per rank: different seeds
     model = DDP(model)                        # DDP broadcasts rank 0's parameters here

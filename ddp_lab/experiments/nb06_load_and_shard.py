@@ -52,7 +52,8 @@ def trained(width: int):
 
 
 def fresh(width: int):
-    torch.manual_seed(100 + dist.get_rank())  # every rank starts different: loading must fix that
+    # every rank starts different on purpose: loading must fix that
+    torch.manual_seed(100 + dist.get_rank())  # ddp-lab: ignore[DDP006]
     model = models.wide_mlp(width=width, depth=2)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
