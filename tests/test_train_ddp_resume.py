@@ -80,6 +80,8 @@ DYING_SAVE = """
 import io, os, signal, sys, runpy, torch
 real_save = torch.save
 def dying_save(obj, f, *args, **kwargs):  # write half the checkpoint, then die like a killed job
+    if not str(getattr(f, "name", f)).endswith(".tmp"):  # torch also saves into buffers to pickle tensors
+        return real_save(obj, f, *args, **kwargs)
     buf = io.BytesIO()
     real_save(obj, buf, *args, **kwargs)
     out = f if hasattr(f, "write") else open(f, "wb")  # the script passes an open file
