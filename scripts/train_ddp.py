@@ -390,8 +390,11 @@ def read_checkpoint(path: str, spec: dict):
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         return None, f"cannot read checkpoint {path!r} ({type(e).__name__}): delete it or pass --resume none"
-    if not isinstance(ckpt, dict) or not {"model", "optimizer", "step", "spec"} <= ckpt.keys():
+    if not isinstance(ckpt, dict) or not {"model", "optimizer", "step"} <= ckpt.keys():
         return None, f"{path!r} is not a train_ddp.py checkpoint: pass another --ckpt-dir or --resume none"
+    if "spec" not in ckpt or not isinstance(ckpt.get("rng"), list):
+        return None, (f"{path!r} was written by an older train_ddp.py, which did not record what the model "
+                      "and data were: pass --resume none to start over, or another --ckpt-dir")
     differ = [k for k, v in spec.items() if ckpt["spec"].get(k) != v]
     if differ:
         old = ", ".join(f"{SPEC_FLAGS[k]} {ckpt['spec'].get(k)}" for k in differ)
@@ -486,8 +489,8 @@ def train(args, rank, world_size, device, backend):
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         raw_model = model
-    # NEW: from here on each rank draws its own dropout masks and augmentations (the same stream
-    # on every rank would make N ranks see N copies of one random view of their data).
+    # From here on each rank draws its own dropout masks and augmentations (the same stream on
+    # every rank would make N ranks see N copies of one random view of their data).
     torch.manual_seed(rank_seed(args.seed, rank))
     random.seed(rank_seed(args.seed, rank))
     spec = run_spec(args, train_set, classes, shape)
