@@ -75,10 +75,10 @@ def stress_scripts(runs: int, loops: int, timeout: float) -> tuple[int, list[str
     return total, failures
 
 
-def launching_notebooks() -> list[Path]:
+def launching_notebooks(names: str = "") -> list[Path]:
     found = []
     for nb in sorted((ROOT / "notebooks").rglob("*.ipynb")):
-        if ".ipynb_checkpoints" in nb.parts:
+        if ".ipynb_checkpoints" in nb.parts or (names and not any(n in nb.name for n in names.split(","))):
             continue
         cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
         if any("launch." in "".join(c["source"]) for c in cells if c["cell_type"] == "code"):
@@ -86,8 +86,8 @@ def launching_notebooks() -> list[Path]:
     return found
 
 
-def stress_notebooks(passes: int, timeout: float) -> tuple[int, list[str]]:
-    notebooks = launching_notebooks()
+def stress_notebooks(passes: int, timeout: float, names: str) -> tuple[int, list[str]]:
+    notebooks = launching_notebooks(names)
     failures, n = [], 0
     for p in range(passes):
         for nb in notebooks:
@@ -108,6 +108,8 @@ def main(argv=None) -> int:
     ap.add_argument("--loops", type=int, default=2, help="jobs running at once")
     ap.add_argument("--passes", type=int, default=3, help="nbval passes over the launching notebooks")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per job or notebook")
+    ap.add_argument("--notebooks", default="", help="only notebooks whose names contain one of these "
+                    "comma-separated strings, e.g. 05_,07_")
     a = ap.parse_args(argv)
     start = time.time()
     results = []
@@ -115,8 +117,8 @@ def main(argv=None) -> int:
         print(f"scripts: train_ddp.py and minimal_ddp.py, {a.runs} runs each, {a.loops} at once")
         results.append(("scripts (2 ranks)", *stress_scripts(a.runs, a.loops, a.timeout)))
     if a.passes:
-        print(f"notebooks: {len(launching_notebooks())} launching notebooks, {a.passes} passes under nbval")
-        results.append(("notebooks (nbval)", *stress_notebooks(a.passes, a.timeout)))
+        print(f"notebooks: {len(launching_notebooks(a.notebooks))} launching notebooks, {a.passes} passes under nbval")
+        results.append(("notebooks (nbval)", *stress_notebooks(a.passes, a.timeout, a.notebooks)))
     for _, _, failures in results:
         for f in failures:
             print(f"\n--- failure: {f}")
