@@ -59,6 +59,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
@@ -706,6 +707,7 @@ def train(args, rank, world_size, device, backend):
         print(f"done: step {step}, params sha256 {final['params_sha256'][:16]}...", flush=True)
 
 
+@record  # under torchrun, a rank's traceback lands in torchrun's failure summary (not "error_file: <N/A>")
 def main(argv=None):
     args = parse_args(argv)
     try:

@@ -35,6 +35,8 @@ SECTIONS = {
     "what_to_save": ("notebooks/06_checkpointing.ipynb", "1. What a checkpoint must hold"),
     "prefixes": ("notebooks/06_checkpointing.ipynb", "2. The `module.` and `_orig_mod.` prefixes"),
     "load": ("notebooks/06_checkpointing.ipynb", "4. Reading a checkpoint back on N ranks"),
+    "skipped": ("notebooks/07_troubleshooting.ipynb", "1. A rank skips a collective"),
+    "identity": ("notebooks/07_troubleshooting.ipynb", "8. Wrong identity"),
 }
 
 

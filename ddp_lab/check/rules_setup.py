@@ -53,7 +53,7 @@ def no_timeout(m: Module):
       "processes pass this check (or read the same shard).",
       fix="use the global rank (int(os.environ['RANK']), dist.get_rank()) for identity; LOCAL_RANK only "
           "picks the device",
-      section="ranks")
+      section="identity")
 def local_rank_identity(m: Module):
     for node in m.nodes:
         if isinstance(node, ast.If):

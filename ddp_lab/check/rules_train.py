@@ -130,7 +130,7 @@ def _shard_only(m: Module, scope, name: str, reduced: set, depth: int = 0) -> bo
       "until the timeout.",
       fix="call the collective on every rank (outside the if), and keep only the printing or saving "
           "inside it",
-      section="hang")
+      section="skipped")
 def collective_on_rank0(m: Module):
     imported = _from_torch_distributed(m)
     for call in m.calls:

@@ -1,0 +1,104 @@
+"""Notebook 07, sections 1-2: a rank that skips a collective, and collectives that do not match.
+
+    torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_collectives
+    torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_collectives --abort
+
+Each failure runs in a fresh process group of its own (a 3 s timeout), so one launch can show
+several: the error each rank raised is caught and recorded (kind="case"), then the next case
+starts on a new group. The cases, in order:
+
+  skip        rank 0 all-reduces a metric inside `if rank == 0:`; rank 1 moves on. Plain gloo:
+              rank 0 times out, and the message names no culprit.
+  skip_detail the same, with rank 1 going on to the end-of-epoch barrier, under
+              TORCH_DISTRIBUTED_DEBUG=DETAIL: a fingerprint check before every collective names
+              what each rank is running.
+  monitored   rank 1 never reaches the barrier; rank 0 calls dist.monitored_barrier, which
+              names the rank that did not arrive.
+  fixed       every rank runs the all-reduce (rank 0 alone would print it): no error.
+  shape_detail, dtype_detail
+              all_reduce of 4 vs 8 elements, float32 vs float64, under DETAIL.
+With --abort, last: the 4 vs 8 all_reduce on plain gloo, which gloo cannot survive.
+"""
+import argparse
+import datetime
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ddp_lab import runtime
+
+CASE_TIMEOUT = datetime.timedelta(seconds=3)
+LATE = 1  # the rank that never reaches the monitored barrier
+
+
+def group(detail: bool):
+    dist.set_debug_level(dist.DebugLevel.DETAIL if detail else dist.DebugLevel.OFF)
+    g = dist.new_group(backend="gloo", timeout=CASE_TIMEOUT)
+    dist.set_debug_level(dist.DebugLevel.OFF)
+    return g
+
+
+def skip_alone(ctx, g):
+    metric = torch.tensor([float(ctx.rank)])
+    if ctx.rank == 0:                     # the bug: a collective only rank 0 runs
+        dist.all_reduce(metric, group=g)
+    # rank 1 has moved on: it waits for rank 0 at the next step (here, main()'s barrier)
+
+
+def skip(ctx, g):
+    metric = torch.tensor([float(ctx.rank)])
+    if ctx.rank == 0:                     # the bug: a collective only rank 0 runs
+        dist.all_reduce(metric, group=g)
+    dist.barrier(group=g)                 # end of epoch: every rank
+
+
+def fixed(ctx, g):
+    metric = torch.tensor([float(ctx.rank)])
+    dist.all_reduce(metric, group=g)      # the fix: every rank joins, rank 0 alone prints
+    dist.barrier(group=g)
+    return {"sum": metric.item()}
+
+
+def monitored(ctx, g):
+    if ctx.rank == LATE:                  # busy elsewhere (or stuck): never arrives
+        return
+    dist.monitored_barrier(group=g, timeout=CASE_TIMEOUT)
+
+
+def shape(ctx, g):
+    dist.all_reduce(torch.ones(4 if ctx.rank == 0 else 8), group=g)
+
+
+def dtype(ctx, g):
+    dist.all_reduce(torch.ones(4, dtype=torch.float32 if ctx.rank == 0 else torch.float64), group=g)
+
+
+CASES = [("skip", skip_alone, False), ("skip_detail", skip, True), ("monitored", monitored, False),
+         ("fixed", fixed, False),
+         ("shape_detail", shape, True), ("dtype_detail", dtype, True)]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--abort", action="store_true", help="end with a mismatch on plain gloo")
+    args = parser.parse_args()
+    with runtime.distributed() as ctx:
+        for name, case, detail in CASES:
+            g = group(detail)
+            try:
+                out, error = case(ctx, g) or {}, None
+            except Exception as exc:          # recorded for the notebook; the next case gets a new group
+                out, error = {}, f"{type(exc).__name__}: {exc}"
+            ctx.record(kind="case", case=name, error=error, **out)
+            dist.barrier()                    # the default group is healthy: line up for the next case
+        if args.abort:
+            print(f"rank {ctx.rank}: all_reduce of {4 if ctx.rank == 0 else 8} elements on plain gloo",
+                  flush=True)
+            shape(ctx, group(False))
+            print(f"rank {ctx.rank}: survived the mismatch", flush=True)
+            sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

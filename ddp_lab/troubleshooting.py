@@ -1,0 +1,90 @@
+"""Two checks to paste into a DDP training loop (notebook 07).
+
+    from ddp_lab.troubleshooting import replica_check, finite_everywhere
+
+    report = replica_check(model)            # every rank calls it; collective
+    if not report.ok:
+        print(report)                        # which ranks differ from rank 0, and in which tensors
+
+    ok, bad = finite_everywhere(loss)        # every rank calls it; collective
+    if ok:
+        loss.backward(); optimizer.step()
+    # else: every rank skips this step together (`bad` lists the ranks with NaN/inf)
+
+replica_check hashes every parameter and buffer (the exact bytes, so a difference in the last
+bit counts), all-gathers one 63-bit hash per tensor and compares each rank with rank 0, the rank
+DDP broadcasts from when it wraps a model. It costs one all_gather of 8 bytes per tensor: cheap
+enough to run every few hundred steps.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class ReplicaReport:
+    ok: bool
+    differing_ranks: list = field(default_factory=list)    # ranks whose tensors differ from rank 0's
+    differing_tensors: list = field(default_factory=list)  # names, as in model.state_dict()
+    world_size: int = 1
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"all {self.world_size} replicas are identical"
+        names = ", ".join(self.differing_tensors[:6]) + (" ..." if len(self.differing_tensors) > 6 else "")
+        return f"ranks {self.differing_ranks} differ from rank 0 in {len(self.differing_tensors)} tensor(s): {names}"
+
+
+def tensor_hash(t: torch.Tensor) -> int:
+    """A 63-bit hash of a tensor's dtype, shape and exact bytes."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+    t = t.detach().to("cpu").contiguous().reshape(-1)   # 1-d: a 0-d tensor cannot be viewed as bytes
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return int.from_bytes(h.digest(), "little") & (2**63 - 1)
+
+
+def replica_check(model: torch.nn.Module, group=None) -> ReplicaReport:
+    """Compare every parameter and buffer across ranks. Collective: every rank must call it."""
+    module = getattr(model, "module", model)  # a DDP wrapper or the bare model, same names
+    names, hashes = [], []
+    for name, t in module.state_dict(keep_vars=False).items():
+        names.append(name)
+        hashes.append(tensor_hash(t))
+    if not (dist.is_available() and dist.is_initialized()):
+        return ReplicaReport(True, world_size=1)
+    mine = torch.tensor(hashes, dtype=torch.int64, device=_device(group))
+    world = dist.get_world_size(group)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine, group=group)  # gloo and NCCL alike (NCCL wants it on the GPU)
+    ref = gathered[0]
+    ranks = [r for r in range(world) if not torch.equal(gathered[r], ref)]
+    tensors = [n for i, n in enumerate(names) if any(g[i] != ref[i] for g in gathered)]
+    return ReplicaReport(not ranks, ranks, tensors, world)
+
+
+def finite_everywhere(*tensors: torch.Tensor, group=None) -> tuple[bool, list]:
+    """(True, []) when the tensors are finite on every rank, else (False, ranks that are not).
+
+    Collective: all-gathers one flag per rank, so every rank takes the same decision (skip the
+    step together; a rank that skipped backward alone would leave the others waiting in DDP's
+    all-reduce).
+    """
+    flag = float(all(bool(torch.isfinite(t).all()) for t in tensors))
+    if not (dist.is_available() and dist.is_initialized()):
+        return bool(flag), ([] if flag else [0])
+    flag = torch.tensor([flag], device=_device(group))
+    world = dist.get_world_size(group)
+    flags = [torch.empty_like(flag) for _ in range(world)]
+    dist.all_gather(flags, flag, group=group)
+    bad = [r for r, f in enumerate(flags) if f.item() == 0.0]
+    return not bad, bad
+
+
+def _device(group) -> str:
+    """NCCL collectives take CUDA tensors, gloo CPU tensors."""
+    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend(group) == "nccl" else "cpu"
