@@ -53,7 +53,7 @@ def test_minimal_ddp_two_ranks(tmp_path):
 
 def no_comment_after_continuation(path):
     for n, line in enumerate(path.read_text().splitlines(), 1):
-        # `cmd \  # note` ends the command at the comment: the seed article's torchrun bug
+        # `cmd \  # note` ends the command at the comment: the engineering article's torchrun bug
         if line.lstrip().startswith("#"):
             continue
         assert not re.search(r"\\\s+#", line), f"{path.name}:{n}: comment after a line continuation"
