@@ -283,10 +283,14 @@ def eval_shard(n: int, rank: int, world_size: int) -> range:
 
 
 # ---------------------------------------------------------------- model
+def mlp_width(args) -> int:
+    return args.hidden or (64 if args.model == "mlp" else 2048)
+
+
 def build_model(args, shape, classes):
     """shape: one input sample's shape. The MLPs flatten any shape; cnn and resnet18 need (C, H, W)."""
     if args.model in ("mlp", "wide_mlp"):  # same layers as ddp_lab.models.mlp / wide_mlp
-        width, depth = args.hidden or (64 if args.model == "mlp" else 2048), 1 if args.model == "mlp" else 3
+        width, depth = mlp_width(args), 1 if args.model == "mlp" else 3
         layers, d = [nn.Flatten()], math.prod(shape)
         for _ in range(depth):
             layers += [nn.Linear(d, width), nn.ReLU()] + ([nn.Dropout(args.dropout)] if args.dropout else [])
@@ -379,7 +383,7 @@ SPEC_FLAGS = {"model": "--model", "width": "--hidden", "batch_norm": "--batch-no
 
 
 def run_spec(args, train_set, classes, shape) -> dict:
-    width = args.hidden or (64 if args.model == "mlp" else 2048) if "mlp" in args.model else None
+    width = mlp_width(args) if args.model in ("mlp", "wide_mlp") else None
     return {"model": args.model, "width": width, "batch_norm": args.batch_norm, "dropout": args.dropout,
             "dataset": args.dataset, "train_samples": len(train_set), "classes": classes,
             "input_shape": list(shape)}
