@@ -34,7 +34,11 @@ What it gets right (each one a classic DDP bug when missing):
 - the DDP model is released before the process group is destroyed (see main()).
 
 Metrics (--metrics-out, JSON lines appended by rank 0, each with "kind" and "attempt"):
-config, train, eval, ckpt, resume, final. See docs/train_ddp.md.
+config, train, eval, ckpt, resume, final. --profile-steps A:B writes a torch.profiler trace of
+those steps per rank. See docs/train_ddp.md.
+
+This file is the last rung of a ladder: minimal_ddp.py, then ddp2_metrics.py ... ddp7_data_models.py
+beside it, each a small diff of the one before (notebook 06b shows the diffs).
 Needs only torch (torchvision for resnet18/cifar10/imagefolder; scikit-learn for digits).
 Your own data or model: see "Your own data and model" in docs/train_ddp.md.
 """
@@ -96,7 +100,6 @@ def parse_args(argv=None):
     a("--bucket-cap-mb", type=float, default=None,
       help="DDP gradient bucket size in MiB (default: DDP's own, 25 with a small first bucket)")
     a("--compile", action="store_true", help="torch.compile the DDP model")
-    a("--count-comm", action="store_true", help="count gradient all-reduce calls (a comm hook)")
     a("--ckpt-dir", default=None)
     a("--save-every", type=int, default=100, help="steps between checkpoints")
     a("--resume", default="auto", help="auto (D/last.pt if it exists) | PATH | none")
@@ -107,8 +110,22 @@ def parse_args(argv=None):
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
     a("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     a("--timeout", type=float, default=300.0, help="seconds for init and each collective")
+    a("--profile-steps", default=None, type=step_range, metavar="A:B",
+      help="torch.profiler trace of optimizer steps A to B, one Chrome trace per rank")
+    a("--profile-dir", default="profile", help="where --profile-steps writes rank{R}.json")
     a("--progress", default="auto", choices=["auto", "on", "off"], help="tqdm bar on rank 0")
     return p.parse_args(argv)
+
+
+def step_range(text: str) -> tuple[int, int]:
+    """--profile-steps "A:B" -> (A, B), 1 <= A <= B: the optimizer steps to trace (counted from 1)."""
+    try:
+        first, last = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not A:B (two step numbers, e.g. 10:12)") from None
+    if not 1 <= first <= last:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 1 <= A <= B (steps count from 1)")
+    return first, last
 
 
 class UsageError(Exception):
@@ -207,7 +224,10 @@ def setup(args):
 # ---------------------------------------------------------------- data
 def load_digits_split():
     """scikit-learn's bundled digits: the same seeded split as the workbook (297 val, 1500 train)."""
-    from sklearn.datasets import load_digits  # lazy: the only non-torch import, digits only
+    try:
+        from sklearn.datasets import load_digits  # lazy: the only non-torch import, digits only
+    except ImportError:
+        raise UsageError("--dataset digits needs scikit-learn: pip install scikit-learn, or use --dataset synthetic") from None
 
     d = load_digits()
     X = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
@@ -277,11 +297,6 @@ class ResumableSampler(DistributedSampler):
         return max(0, self.num_samples - self.skip)
 
 
-def eval_shard(n: int, rank: int, world_size: int) -> range:
-    """Validation indices of one rank: every sample on exactly one rank, no padding duplicates."""
-    return range(rank, n, world_size)
-
-
 # ---------------------------------------------------------------- model
 def mlp_width(args) -> int:
     return args.hidden or (64 if args.model == "mlp" else 2048)
@@ -343,7 +358,7 @@ def describe_write_error(e: BaseException) -> str:
     return os_err.strerror if os_err is not None and os_err.strerror else f"{type(e).__name__}: {e}"
 
 
-def save_checkpoint(path: str, state: dict) -> None:
+def atomic_save(path: str, state: dict) -> None:
     """Temp file in the same folder, fsync, then rename: a kill or a full disk leaves last.pt intact."""
     tmp = path + ".tmp"
     try:
@@ -463,8 +478,9 @@ class Metrics:
             self.f.flush()  # a crash must not lose what was already reported
 
 
-def progress_bar(total, initial, enabled):
-    if not enabled:
+def progress_bar(mode, total, initial, is_main):
+    """A tqdm bar on rank 0 with --progress on, or auto and a terminal attached; else None."""
+    if not is_main or mode == "off" or (mode == "auto" and not sys.stderr.isatty()):
         return None
     try:
         from tqdm import tqdm  # optional: a bar when a terminal is attached, plain lines otherwise
@@ -473,27 +489,221 @@ def progress_bar(total, initial, enabled):
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
 
+# ---------------------------------------------------------------- the training loop's pieces
+def build_optimizer(args, model, world_size, steps_per_epoch):
+    """SGD or AdamW at the rate for this effective batch, and its schedule: linear warmup, then
+    constant or cosine down to 0 after --epochs (--max-steps only stops early, so a run stopped
+    there resumes exactly)."""
+    growth = world_size * args.accum_steps  # how many times larger the effective batch is
+    lr = args.lr * {"none": 1, "linear": growth, "sqrt": math.sqrt(growth)}[args.lr_scaling]
+    if args.optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=args.weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
+    total, warmup = args.epochs * steps_per_epoch, int(args.warmup_epochs * steps_per_epoch)
+
+    def lr_factor(s):
+        if s < warmup:
+            return (s + 1) / warmup
+        if args.lr_schedule == "constant":
+            return 1.0
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, total - warmup))))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+
+
+def wrap_model(args, model, device):
+    """(the DDP model, the model to call): DDP's buckets, an optional compression hook, compile."""
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                    bucket_cap_mb=args.bucket_cap_mb)  # None: DDP's default buckets
+    if args.grad_compression != "none":  # gradients cast to 16 bits for the all-reduce only
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
+        ddp_model.register_comm_hook(None, {"fp16": hooks.fp16_compress_hook,
+                                            "bf16": hooks.bf16_compress_hook}[args.grad_compression])
+    return ddp_model, (torch.compile(ddp_model) if args.compile else ddp_model)
+
+
+def resume(args, rank, world_size, spec, stateful, device):
+    """Load the checkpoint --resume names (if any) into `stateful` (model, optimizer, scheduler,
+    scaler); returns (epoch, batch_in_epoch, step) to continue from, and the checkpoint's path."""
+    ckpt, path = resume_state(args, rank, spec)
+    if ckpt is None:
+        return (0, 0, 0), None
+    for name, obj in stateful.items():
+        try:
+            obj.load_state_dict(ckpt[name])
+        except (RuntimeError, ValueError, KeyError):  # same settings, other tensors: edited, or another version
+            raise UsageError(f"checkpoint {path!r} does not fit this run's {name}: use another --ckpt-dir "
+                             "or --resume none") from None
+    epoch, batch_in_epoch, step = ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"]
+    same_layout = all(ckpt["config"].get(k) == v for k, v in (
+        ("world_size", world_size), ("batch_size", args.batch_size), ("accum_steps", args.accum_steps)))
+    if not same_layout:  # another sharding: the old position means other samples now
+        if rank == 0:
+            print(f"resume: world size / batch size / accumulation changed; epoch {epoch} restarts")
+        batch_in_epoch = 0
+    if len(ckpt["rng"]) == world_size:  # every rank continues its own random stream
+        set_rng_state(ckpt["rng"][rank], device)
+    return (epoch, batch_in_epoch, step), path
+
+
+def save_checkpoint(path, stateful, position, spec, config, device, saved_step):
+    """Every rank calls it (each adds its random state); rank 0 writes `path` atomically. A failed
+    write stops every rank with one message saying what `path` still holds (the checkpoint of
+    saved_step, if any)."""
+    epoch, batch_in_epoch, step = position
+    rngs = [None] * dist.get_world_size()
+    dist.all_gather_object(rngs, rng_state(device))  # every rank's random stream, for an exact resume
+    err = None
+    if dist.get_rank() == 0:
+        try:
+            atomic_save(path, {**{name: obj.state_dict() for name, obj in stateful.items()},
+                               "epoch": epoch, "batch_in_epoch": batch_in_epoch, "step": step,
+                               "rng": rngs, "spec": spec, "config": config})
+        except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
+            if os_error_in(e) is None:
+                raise
+            kept = (f"last.pt is still the step-{saved_step} checkpoint" if saved_step is not None
+                    else "last.pt was left as it was" if os.path.exists(path) else "nothing was written")
+            err = (f"{describe_write_error(e)} while saving {path} at step {step}; the temporary file "
+                   f"was removed and {kept}: free space or choose another --ckpt-dir, then run again")
+    agree(err)  # nobody runs ahead (or exits) before the checkpoint is complete, or all stop
+
+
+def evaluation_loader(val_set, rank, world_size, num_workers):
+    """Every validation sample on exactly one rank (rank, rank + world_size, ...): no padding
+    copies, which DistributedSampler adds to even out shards and which would count twice."""
+    return DataLoader(Subset(val_set, range(rank, len(val_set), world_size)), batch_size=256,
+                      num_workers=num_workers)
+
+
+def evaluate(model, loader, device, amp_dtype):
+    """(loss, accuracy, count) over the whole validation set. `model` is the unwrapped model:
+    ranks may hold different numbers of batches here, and DDP's forward expects them equal."""
+    model.eval()
+    stats = torch.zeros(3, dtype=torch.float64, device=device)  # [loss sum, correct, count]
+    with torch.no_grad(), autocast(device, amp_dtype):
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            out = model(x).float()
+            stats += torch.stack([F.cross_entropy(out, y, reduction="sum").double(),
+                                  (out.argmax(1) == y).sum().double(), torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
+    dist.all_reduce(stats)  # global numbers, not rank 0's shard
+    model.train()
+    return (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item(), int(stats[2].item())
+
+
+def autocast(device, amp_dtype):
+    """bf16/fp16 autocast, or no context at all for fp32 (a disabled autocast still costs time)."""
+    return torch.autocast(device.type, amp_dtype) if amp_dtype else contextlib.nullcontext()
+
+
+def is_sync_step(i: int, accum_steps: int, batches_per_epoch: int) -> bool:
+    """Batch i (0-based, in the epoch) ends an accumulation group: all-reduce, then step. The
+    epoch's last batch always ends one, so a short tail group still steps."""
+    return (i + 1) % accum_steps == 0 or i + 1 == batches_per_epoch
+
+
+def group_size(i: int, accum_steps: int, batches_per_epoch: int) -> int:
+    """Micro-batches in batch i's group: accum_steps, or fewer in the epoch's short tail."""
+    return min(accum_steps, batches_per_epoch - (i - i % accum_steps))
+
+
+class StepProfiler:
+    """--profile-steps A:B: torch.profiler over optimizer steps A..B, one Chrome trace per rank
+    (PROFILE_DIR/rank{R}.json; open it in ui.perfetto.dev or chrome://tracing)."""
+
+    def __init__(self, steps, folder, rank, device):
+        self.first, self.last = steps or (0, -1)
+        self.path = os.path.join(folder, f"rank{rank}.json")
+        self.activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            self.activities.append(torch.profiler.ProfilerActivity.CUDA)
+        if device.type == "cpu":  # kineto's "gpuGetDeviceCount failed" on a CPU-only machine is noise
+            os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+        self.prof = None
+
+    def update(self, step):
+        """Call before the first step and after every step, with the number of steps done."""
+        if self.prof is None and step + 1 == self.first:
+            self.prof = torch.profiler.profile(activities=self.activities)
+            self.prof.start()
+        elif self.prof is not None and step >= self.last:
+            self.finish()
+
+    def finish(self):
+        if self.prof is not None:
+            self.prof.stop()
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            self.prof.export_chrome_trace(self.path)
+            self.prof = None
+
+
+class Window:
+    """This rank's step losses and samples since the last train record (one all-reduce per record)."""
+
+    def __init__(self, device):
+        self.loss, self.device = torch.zeros((), device=device), device
+        self.steps, self.samples, self.t0 = 0, 0, time.perf_counter()
+
+    def add(self, loss, samples):
+        self.loss += loss
+        self.samples += samples
+
+    @contextlib.contextmanager
+    def paused(self):  # samples/s measures training, not evaluation
+        t = time.perf_counter()
+        yield
+        self.t0 += time.perf_counter() - t
+
+    def record(self, **fields):
+        """Global mean loss per step and global samples/s over the window; every rank must call it."""
+        w = torch.tensor([self.loss.item(), self.samples], dtype=torch.float64, device=self.device)
+        dist.all_reduce(w)  # a sync point: --log-every keeps it off most steps
+        rec = dict(fields, loss=w[0].item() / self.steps / dist.get_world_size(),
+                   samples_per_s=w[1].item() / (time.perf_counter() - self.t0))
+        self.loss.zero_()
+        self.steps, self.samples, self.t0 = 0, 0, time.perf_counter()
+        return rec
+
+
+def check_start(args, world_size, train_set, is_main) -> str | None:
+    """What only the data and the filesystem reveal, found before the first step."""
+    if world_size > len(train_set):
+        return (f"{world_size} ranks but only {len(train_set)} training samples: every rank needs at "
+                "least one; use fewer processes (--nproc_per_node) or more data")
+    return check_writable(args.ckpt_dir) if args.ckpt_dir and is_main else None
+
+
+def say(bar, is_main, text):
+    """Rank 0 prints (above the progress bar, if there is one)."""
+    if bar:
+        bar.write(text)
+    elif is_main:
+        print(text, flush=True)
+
+
+def crash(rank, step, attempt):
+    """--crash-at-step: SIGKILL, not an exception: nothing in Python runs (no finally, no flush), as
+    when the OOM killer or a lost node takes the job. Every rank dies after the same step, so none
+    is left blocked in a collective with a dead peer; torchrun then restarts all of them."""
+    print(f"crash-at-step {step}: killing rank {rank} (attempt {attempt})", flush=True)
+    os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
+
+
 # ---------------------------------------------------------------- training
 def train(args, rank, world_size, device, backend):
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)  # torchrun's restart count
     is_main = rank == 0
     train_set, val_set, classes = build_data(args, rank)
     shape = tuple(train_set[0][0].shape)  # one input sample's shape, read from the data itself
-    err = None
-    if world_size > len(train_set):
-        err = (f"{world_size} ranks but only {len(train_set)} training samples: every rank needs at "
-               "least one; use fewer processes (--nproc_per_node) or more data")
-    elif args.ckpt_dir and is_main:
-        err = check_writable(args.ckpt_dir)
-    agree(err)
+    agree(check_start(args, world_size, train_set, is_main))
 
     torch.manual_seed(args.seed)  # identical init on every rank (DDP also broadcasts rank 0's)
     random.seed(args.seed)
-    model = build_model(args, shape, classes).to(device)
-    raw_model = model  # the unwrapped model: what checkpoints and hashes hold
+    raw_model = build_model(args, shape, classes).to(device)  # unwrapped: what checkpoints hold
     if args.sync_bn:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        raw_model = model
+        raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(raw_model)
     # From here on each rank draws its own dropout masks and augmentations (the same stream on
     # every rank would make N ranks see N copies of one random view of their data).
     torch.manual_seed(rank_seed(args.seed, rank))
@@ -504,137 +714,39 @@ def train(args, rank, world_size, device, backend):
     loader_rng = torch.Generator()  # seeds DataLoader workers; reseeded per rank and epoch below
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
                         num_workers=args.num_workers, pin_memory=device.type == "cuda", generator=loader_rng)
+    val_loader = evaluation_loader(val_set, rank, world_size, args.num_workers)
     batches_per_epoch = math.ceil(sampler.num_samples / args.batch_size)
     steps_per_epoch = math.ceil(batches_per_epoch / args.accum_steps)
-    total_steps = args.epochs * steps_per_epoch  # the schedule's length; --max-steps only stops early
-    growth = world_size * args.accum_steps  # how many times larger the effective batch is
-    scale = {"none": 1, "linear": growth, "sqrt": math.sqrt(growth)}[args.lr_scaling]
-    lr = args.lr * scale
-    if args.optimizer == "sgd":
-        optimizer = torch.optim.SGD(raw_model.parameters(), lr=lr, momentum=0.9,
-                                    weight_decay=args.weight_decay)
-    else:
-        optimizer = torch.optim.AdamW(raw_model.parameters(), lr=lr, weight_decay=args.weight_decay)
-    warmup = int(args.warmup_epochs * steps_per_epoch)
-
-    def lr_factor(s):  # linear warmup, then constant or cosine down to 0 at total_steps
-        if s < warmup:
-            return (s + 1) / warmup
-        if args.lr_schedule == "constant":
-            return 1.0
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, total_steps - warmup))))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    optimizer, scheduler = build_optimizer(args, raw_model, world_size, steps_per_epoch)
     # fp16 needs loss scaling (its small range underflows gradients); bf16 has fp32's range.
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
-
+    stateful = {"model": raw_model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
     # Resume before DDP wraps the model: DDP broadcasts rank 0's weights at construction.
-    epoch, batch_in_epoch, step = 0, 0, 0
-    ckpt, path = resume_state(args, rank, spec)
-    if ckpt is not None:
-        try:
-            raw_model.load_state_dict(ckpt["model"])
-        except RuntimeError:  # same settings, other tensors: a checkpoint edited or from another version
-            raise UsageError(f"checkpoint {path!r} does not fit this model: use another --ckpt-dir or "
-                             "--resume none") from None
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
-        epoch, batch_in_epoch, step = ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"]
-        same_layout = all(ckpt["config"].get(k) == v for k, v in
-                          (("world_size", world_size), ("batch_size", args.batch_size),
-                           ("accum_steps", args.accum_steps)))
-        if not same_layout:  # another sharding: the old position means other samples now
-            if is_main:
-                print(f"resume: world size / batch size / accumulation changed; epoch {epoch} restarts")
-            batch_in_epoch = 0
-        if len(ckpt["rng"]) == world_size:  # every rank continues its own random stream
-            set_rng_state(ckpt["rng"][rank], device)
-
-    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                    bucket_cap_mb=args.bucket_cap_mb)  # None: DDP's default buckets
-    comm_calls = [0]
-    if args.grad_compression != "none" or args.count_comm:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
-        base = {"none": hooks.allreduce_hook, "fp16": hooks.fp16_compress_hook,
-                "bf16": hooks.bf16_compress_hook}[args.grad_compression]
-
-        def hook(state, bucket):  # one call per gradient bucket per synchronizing backward
-            comm_calls[0] += 1
-            return base(state, bucket)
-
-        ddp_model.register_comm_hook(None, hook if args.count_comm else base)
-    model = torch.compile(ddp_model) if args.compile else ddp_model
+    (epoch, batch_in_epoch, step), resumed = resume(args, rank, world_size, spec, stateful, device)
+    ddp_model, model = wrap_model(args, raw_model, device)
 
     metrics = Metrics(args.metrics_out, is_main, attempt)
+    run_config = {**vars(args), "world_size": world_size}  # what checkpoints record of this run
     effective_batch = args.batch_size * world_size * args.accum_steps
-    if is_main:
-        print(f"world_size={world_size} backend={backend} device={device} model={args.model} "
-              f"effective batch={args.batch_size} x {world_size} ranks x {args.accum_steps} accum "
-              f"= {effective_batch}, lr={lr:g}, {steps_per_epoch} steps/epoch", flush=True)
-    metrics.write("config", **{**vars(args), "backend": backend, "device": str(device)},
-                  world_size=world_size, effective_batch=effective_batch, lr_effective=lr,
-                  steps_per_epoch=steps_per_epoch, total_steps=total_steps)
-    if ckpt is not None:
-        metrics.write("resume", step=step, epoch=epoch, path=path)
-        if is_main:
-            print(f"resumed from {path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
+    lr, total_steps = optimizer.param_groups[0]["initial_lr"], args.epochs * steps_per_epoch
+    say(None, is_main, f"world_size={world_size} backend={backend} device={device} model={args.model} "
+        f"effective batch={args.batch_size} x {world_size} ranks x {args.accum_steps} accum "
+        f"= {effective_batch}, lr={lr:g}, {steps_per_epoch} steps/epoch")
+    metrics.write("config", **{**run_config, "backend": backend, "device": str(device)},
+                  effective_batch=effective_batch, lr_effective=lr, steps_per_epoch=steps_per_epoch,
+                  total_steps=total_steps)
+    if resumed:
+        metrics.write("resume", step=step, epoch=epoch, path=resumed)
+        say(None, is_main, f"resumed from {resumed} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
 
-    val_idx = eval_shard(len(val_set), rank, world_size)
-    val_loader = DataLoader(Subset(val_set, list(val_idx)), batch_size=256, num_workers=args.num_workers)
     last_pt = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
-
-    saved_step = [ckpt["step"] if ckpt is not None and path == last_pt else None]
-
-    def save(epoch, batch_in_epoch):
-        rngs = [None] * world_size
-        dist.all_gather_object(rngs, rng_state(device))  # every rank's random stream, for an exact resume
-        err = None
-        if is_main:
-            try:
-                save_checkpoint(last_pt, {
-                    "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-                    "epoch": epoch, "batch_in_epoch": batch_in_epoch, "step": step, "rng": rngs,
-                    "spec": spec, "config": {**vars(args), "world_size": world_size}})
-                metrics.write("ckpt", step=step, path=last_pt)
-            except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
-                if os_error_in(e) is None:
-                    raise
-                kept = (f"last.pt is still the step-{saved_step[0]} checkpoint" if saved_step[0] is not None
-                        else "last.pt was left as it was" if os.path.exists(last_pt) else "nothing was written")
-                err = (f"{describe_write_error(e)} while saving {last_pt} at step {step}; the temporary file "
-                       f"was removed and {kept}: free space or choose another --ckpt-dir, then run again")
-            else:
-                saved_step[0] = step
-        agree(err)  # nobody runs ahead (or exits) before the checkpoint is complete, or all stop
-
-    def evaluate(epoch):
-        raw_model.eval()  # the unwrapped model: ranks may hold different batch counts here
-        stats = torch.zeros(3, dtype=torch.float64, device=device)  # [loss sum, correct, count]
-        with torch.no_grad(), torch.autocast(device.type, amp_dtype, enabled=amp_dtype is not None):
-            for x, y in val_loader:
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                out = raw_model(x)
-                stats += torch.stack([F.cross_entropy(out.float(), y, reduction="sum").double(),
-                                      (out.argmax(1) == y).sum().double(), torch.tensor(
-                                          float(len(y)), dtype=torch.float64, device=device)])
-        dist.all_reduce(stats)  # global numbers, not rank 0's shard
-        raw_model.train()
-        loss, acc, count = (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item(), int(stats[2].item())
-        metrics.write("eval", epoch=epoch, step=step, loss=loss, acc=acc, count=count)
-        if is_main:
-            print(f"eval epoch {epoch} step {step}: loss {loss:.4f} acc {acc:.4f} ({count} samples)")
-
+    saved_step = step if resumed and resumed == last_pt else None  # the step last.pt holds
     max_steps = args.max_steps or total_steps
-    show_bar = is_main and (args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty()))
-    bar = progress_bar(min(max_steps, total_steps), step, show_bar)
-    # fp32 skips autocast entirely: a disabled autocast still costs time on every step
-    autocast = (lambda: torch.autocast(device.type, amp_dtype)) if amp_dtype else contextlib.nullcontext
-    loss_sum = torch.zeros((), device=device)  # this rank's step losses since the last record
-    window_steps, window_samples = 0, 0
-    t_window, last_saved = time.perf_counter(), (step if ckpt is not None else -1)
+    bar = progress_bar(args.progress, min(max_steps, total_steps), step, is_main)
+    window = Window(device)
+    profiler = StepProfiler(args.profile_steps, args.profile_dir, rank, device)
+    profiler.update(step)
     model.train()
     while epoch < args.epochs and step < max_steps:
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
@@ -643,17 +755,12 @@ def train(args, rank, world_size, device, backend):
         i = batch_in_epoch
         for x, y in loader:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            group_start = i - i % args.accum_steps
-            group = min(args.accum_steps, batches_per_epoch - group_start)  # the epoch's tail may be short
-            sync = i + 1 == group_start + group  # all-reduce gradients on the group's last micro-step only
-            with contextlib.nullcontext() if sync else ddp_model.no_sync():
-                with autocast():
-                    loss = F.cross_entropy(model(x), y)
-                    if group > 1:
-                        loss = loss / group  # gradients of the mean over the group's micro-batches
-                scaler.scale(loss).backward()
-            loss_sum += loss.detach()
-            window_samples += len(y)
+            sync = is_sync_step(i, args.accum_steps, batches_per_epoch)
+            with contextlib.nullcontext() if sync else ddp_model.no_sync():  # all-reduce once per group
+                with autocast(device, amp_dtype):
+                    loss = F.cross_entropy(model(x), y) / group_size(i, args.accum_steps, batches_per_epoch)
+                scaler.scale(loss).backward()  # the loss is the group's mean: / group_size above
+            window.add(loss.detach(), len(y))
             i += 1
             if not sync:
                 continue
@@ -662,53 +769,38 @@ def train(args, rank, world_size, device, backend):
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
-            step += 1
-            window_steps += 1
+            step, window.steps = step + 1, window.steps + 1
+            profiler.update(step)
             if bar:
                 bar.update(1)
             if step % args.log_every == 0 or step == max_steps:
-                window = torch.tensor([loss_sum.item(), window_samples], dtype=torch.float64, device=device)
-                dist.all_reduce(window)  # global mean loss over the window, global samples
-                dt = time.perf_counter() - t_window
-                rec = dict(step=step, epoch=epoch, loss=window[0].item() / window_steps / world_size,
-                           lr=lr_used, samples_per_s=window[1].item() / dt)
+                rec = window.record(step=step, epoch=epoch, lr=lr_used)
                 metrics.write("train", **rec)
-                if bar:
-                    bar.set_postfix(loss=f"{rec['loss']:.4f}", epoch=epoch)
-                elif is_main:
-                    print(f"step {step} epoch {epoch} loss {rec['loss']:.4f} lr {rec['lr']:.4g} "
-                          f"{rec['samples_per_s']:.0f} samples/s", flush=True)
-                loss_sum.zero_()
-                window_steps, window_samples, t_window = 0, 0, time.perf_counter()
+                say(bar, is_main, f"step {step} epoch {epoch} loss {rec['loss']:.4f} lr {lr_used:.4g} "
+                    f"{rec['samples_per_s']:.0f} samples/s")
             if last_pt and step % args.save_every == 0:
-                save(epoch, i)
-                last_saved = step
+                save_checkpoint(last_pt, stateful, (epoch, i, step), spec, run_config, device, saved_step)
+                saved_step = step
+                metrics.write("ckpt", step=step, path=last_pt)
             if args.crash_at_step == step and attempt == 0:
-                # SIGKILL, not an exception: nothing in Python runs (no finally, no flush), as when the
-                # OOM killer or a lost node takes the job. Every rank dies after the same step, so none is
-                # left blocked in a collective with a dead peer; torchrun then restarts all of them.
-                print(f"crash-at-step {step}: killing rank {rank} (attempt {attempt})", flush=True)
-                os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
+                crash(rank, step, attempt)
             if step >= max_steps:
                 break
-        t_eval = time.perf_counter()
-        evaluate(epoch)  # after every epoch, and where --max-steps stopped mid-epoch
-        t_window += time.perf_counter() - t_eval  # samples/s measures training, not evaluation
-        if i >= batches_per_epoch:
-            epoch, batch_in_epoch = epoch + 1, 0
-        else:
-            batch_in_epoch = i
+        with window.paused():  # after every epoch, and where --max-steps stopped mid-epoch
+            loss, acc, count = evaluate(raw_model, val_loader, device, amp_dtype)
+        metrics.write("eval", epoch=epoch, step=step, loss=loss, acc=acc, count=count)
+        say(bar, is_main, f"eval epoch {epoch} step {step}: loss {loss:.4f} acc {acc:.4f} ({count} samples)")
+        epoch, batch_in_epoch = (epoch + 1, 0) if i >= batches_per_epoch else (epoch, i)
+    profiler.finish()
     if bar:
         bar.close()
-    if last_pt and last_saved != step:
-        save(epoch, batch_in_epoch)
-    final = {"step": step, "params_sha256": params_sha256(raw_model)}
-    if args.count_comm:
-        final["comm_calls"] = comm_calls[0]
-    metrics.write("final", **final)
+    if last_pt and saved_step != step:
+        save_checkpoint(last_pt, stateful, (epoch, batch_in_epoch, step), spec, run_config, device, saved_step)
+        metrics.write("ckpt", step=step, path=last_pt)
+    digest = params_sha256(raw_model)
+    metrics.write("final", step=step, params_sha256=digest)
     dist.barrier()  # every rank is done with every collective before the group is torn down
-    if is_main:
-        print(f"done: step {step}, params sha256 {final['params_sha256'][:16]}...", flush=True)
+    say(None, is_main, f"done: step {step}, params sha256 {digest[:16]}...")
 
 
 @record  # under torchrun, a rank's traceback lands in torchrun's failure summary (not "error_file: <N/A>")

@@ -15,7 +15,9 @@ from ddp_lab import data, launch, models
 
 SCRIPT = Path(launch.script("train_ddp.py"))
 # 1500 training digits / 2 ranks / 64 per batch = 12 steps per epoch: 20 steps cross into epoch 1.
-COMMON = ["--batch-size", "64", "--max-steps", "20", "--log-every", "5", "--count-comm"]
+COMMON = ["--batch-size", "64", "--max-steps", "20", "--log-every", "5"]
+# runs a program with every DDP model counting its all-reduces (prints "COMM {rank, calls}")
+COMM_PROBE = Path(__file__).parent / "programs" / "comm_probe.py"
 
 
 def read_metrics(path):
@@ -39,9 +41,19 @@ def single_process(*args, cwd):
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory):
     d = tmp_path_factory.mktemp("ref2")
-    run = launch.torchrun("train_ddp.py", nproc=2, stream=False, args=[
-        *COMMON, "--ckpt-dir", d / "ckpt", "--metrics-out", d / "m.jsonl"])
+    run = launch.torchrun(str(COMM_PROBE), nproc=2, stream=False, args=[
+        SCRIPT, "--", *COMMON, "--ckpt-dir", d / "ckpt", "--metrics-out", d / "m.jsonl"])
     return d, run, read_metrics(d / "m.jsonl")
+
+
+def comm_calls(run) -> dict:
+    """{rank: gradient all-reduces} from comm_probe.py's lines."""
+    found = {}
+    for rank, lines in run.rank_lines.items():
+        for line in lines:
+            if line.startswith("COMM "):
+                found[rank] = json.loads(line[5:])["calls"]
+    return found
 
 
 def final_state(ckpt_dir):
@@ -78,7 +90,7 @@ def test_metrics_records(ref):
     final = [r for r in recs if r["kind"] == "final"]
     assert len(final) == 1 and final[0]["step"] == 20 and len(final[0]["params_sha256"]) == 64
     # one gradient bucket (the mlp is 19 KB), one all-reduce per step
-    assert final[0]["comm_calls"] == 20
+    assert comm_calls(run) == {0: 20, 1: 20}
     assert [r["step"] for r in recs if r["kind"] == "ckpt"] == [20]
     # rank 0 prints the (global) numbers; rank 1 prints none
     assert any("effective batch=64 x 2 ranks x 1 accum = 128" in line for line in run.rank_lines[0])
@@ -90,11 +102,27 @@ def test_distributed_eval_counts_every_sample_once(ref):
     n_val = len(data.digits("val"))
     assert n_val % 2 == 1  # 297: two ranks do not divide it
     assert [r["count"] for r in recs if r["kind"] == "eval"] == [n_val, n_val]
-    shard = load_module().eval_shard
+    shard = load_module().evaluation_loader
     for n in (297, 10, 7, 3, 1):
         for world in range(1, 9):
-            got = sorted(i for r in range(world) for i in shard(n, r, world))
+            got = sorted(i for r in range(world) for i in shard(list(range(n)), r, world, 0).dataset.indices)
             assert got == list(range(n)), (n, world)
+
+
+def test_is_sync_step_and_group_size_cover_the_short_tail():
+    mod = load_module()
+    # 10 batches, groups of 4: [0-3] [4-7] [8-9]: the tail group has 2 micro-batches and still steps
+    syncs = [i for i in range(10) if mod.is_sync_step(i, 4, 10)]
+    assert syncs == [3, 7, 9]
+    assert [mod.group_size(i, 4, 10) for i in range(10)] == [4] * 8 + [2] * 2
+    for accum in range(1, 7):
+        for n in range(1, 20):
+            ends = [i for i in range(n) if mod.is_sync_step(i, accum, n)]
+            # one step per group, the last batch always ends one, each group's sizes sum to its batches
+            assert len(ends) == -(-n // accum) and ends[-1] == n - 1, (accum, n)
+            starts = [0] + [e + 1 for e in ends[:-1]]
+            assert all(mod.group_size(i, accum, n) == e - s + 1
+                       for s, e in zip(starts, ends) for i in range(s, e + 1)), (accum, n)
 
 
 def test_crash_then_restart_is_bitwise_identical(ref, tmp_path):

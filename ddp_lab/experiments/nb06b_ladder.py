@@ -1,0 +1,45 @@
+"""Notebook 06b: every rung of the script ladder trains, one after the other, in one launch.
+
+    torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb06b_ladder --epochs 1
+
+Each rung's own train(args, rank, world_size, device, backend) runs on this program's process
+group (one launch instead of eight: each torchrun start costs seconds). Rungs 2 and up write
+their JSON-lines records to OUT/rungK.jsonl; rung 1 prints its epoch losses. The test suite
+launches every rung file on its own, as you would (tests/test_ladder.py).
+"""
+import argparse
+import gc
+import importlib.util
+import os
+from pathlib import Path
+
+from ddp_lab import ladder, runtime
+
+
+def load(rung):
+    spec = importlib.util.spec_from_file_location(Path(rung.file).stem, ladder.path(rung))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # safe: a rung runs main() only under __main__
+    return module
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--out", required=True, help="folder for rungK.jsonl and rung 1's weights")
+    args = p.parse_args()
+    os.environ["MINIMAL_DDP_OUT"] = os.path.join(args.out, "minimal_ddp.pt")
+    with runtime.distributed() as ctx:
+        for k, rung in enumerate(ladder.RUNGS, 1):
+            ctx.print0(f"--- rung {k}: {rung.file}")
+            module = load(rung)
+            flags = ["--epochs", str(args.epochs)]
+            if k > 1:
+                flags += ["--metrics-out", os.path.join(args.out, f"rung{k}.jsonl"), "--log-every", "10"]
+            module.train(module.parse_args(flags), ctx.rank, ctx.world_size, ctx.device, ctx.backend)
+            del module
+            gc.collect()  # this rung's DDP model is gone before the next one is built
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,569 @@
+"""Rung 6 of the ladder: checkpoints you can trust. A folder that cannot be written, a full disk, an
+unreadable file or a checkpoint from another model or dataset each stop every rank with one
+message naming the fix; a failed save never damages the last good checkpoint.
+
+    python scripts/ddp6_checkpoint_errors.py --ckpt-dir runs/ckpt --max-steps 30
+    torchrun --standalone --nproc_per_node=2 --max-restarts=1 scripts/ddp6_checkpoint_errors.py --ckpt-dir runs/ckpt
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import errno
+import gc
+import json
+import math
+import os
+import random
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    a = p.add_argument
+    a("--epochs", type=int, default=3)
+    a("--max-steps", type=int, default=None, help="stop after this many optimizer steps "
+      "(the LR schedule still spans --epochs, so a stopped run resumes exactly)")
+    a("--batch-size", type=int, default=32, help="per rank, per micro-step")
+    a("--accum-steps", type=int, default=1, help="micro-steps per optimizer step")
+    a("--optimizer", default="sgd", choices=["sgd", "adamw"])
+    a("--lr", type=float, default=0.05, help="for one process with --batch-size")
+    a("--lr-scaling", default="none", choices=["none", "linear", "sqrt"],
+      help="for a larger effective batch: linear (SGD; Goyal et al. 2017): lr x world_size x "
+           "accum_steps; sqrt (Adam-family): lr x sqrt(world_size x accum_steps); use with warmup")
+    a("--lr-schedule", default="cosine", choices=["cosine", "constant"])
+    a("--warmup-epochs", type=float, default=0.0)
+    a("--weight-decay", type=float, default=0.0)
+    a("--seed", type=int, default=0)
+    a("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    a("--ckpt-dir", default=None)
+    a("--save-every", type=int, default=100, help="steps between checkpoints")
+    a("--resume", default="auto", help="auto (D/last.pt if it exists) | PATH | none")
+    a("--metrics-out", default=None, help="JSON lines file (appended, rank 0)")
+    a("--log-every", type=int, default=50, help="steps between train records (each is a sync point)")
+    a("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    a("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    a("--timeout", type=float, default=300.0, help="seconds for init and each collective")
+    return p.parse_args(argv)
+
+
+class UsageError(Exception):
+    """Bad input: rank 0 prints one message, every rank exits with code 2, no traceback."""
+
+
+def validate(args) -> None:
+    """Checks that need nothing but the arguments: every rank reaches the same verdict."""
+    for name in ("batch_size", "epochs", "accum_steps", "save_every", "log_every"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError(f"--max-steps must be at least 1 (got {args.max_steps})")
+    if args.lr <= 0:
+        raise UsageError(f"--lr must be positive (got {args.lr})")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cuda = pick_device(args.device, args.backend, int(os.environ.get("LOCAL_WORLD_SIZE", 1)), gpus)[0] == "cuda"
+    if args.precision == "fp16" and not cuda and int(os.environ.get("RANK", 0)) == 0:
+        print("warning: --precision fp16 on a CPU is very slow (about 60x slower than fp32 here); "
+              "use --precision bf16 on CPU", file=sys.stderr, flush=True)
+
+
+def agree(error: str | None) -> None:
+    """Every rank calls this; if any rank found a problem, all raise the same UsageError."""
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e), None)
+    if first:
+        raise UsageError(first)
+
+
+# ---------------------------------------------------------------- distributed setup
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_device(device: str, backend: str, local_world_size: int, gpus: int) -> tuple[str, str]:
+    """("cuda" or "cpu", backend) for one process of local_world_size on a node with `gpus` GPUs.
+
+    NCCL needs a GPU of its own for every process on the node (two ranks on one GPU fail with
+    "Duplicate GPU detected"), so --device auto falls back to the CPU with gloo when there are
+    fewer GPUs than processes, and --device cuda / --backend nccl refuse with the fix.
+    (ddp_lab.runtime.pick_backend makes the same decision.)
+    """
+    too_few = (f"{local_world_size} processes on this node but {gpus} GPU(s): NCCL needs one GPU per "
+               f"process; start --nproc_per_node={max(gpus, 1)} or use --device cpu")
+    if device == "cuda" and gpus == 0:
+        raise UsageError("--device cuda but no CUDA device is visible: use --device auto or cpu")
+    if device == "cuda" and gpus < local_world_size:
+        raise UsageError(too_few)
+    use_cuda = device == "cuda" or (device == "auto" and gpus >= local_world_size and gpus > 0)
+    if backend == "nccl" and not use_cuda:
+        raise UsageError(too_few if gpus else "--backend nccl needs CUDA GPUs: use --backend gloo on the CPU")
+    return ("cuda" if use_cuda else "cpu"), (backend if backend != "auto" else ("nccl" if use_cuda else "gloo"))
+
+
+def setup(args):
+    """Join torchrun's group, or make a world of one so the same code runs unlaunched."""
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # picks the GPU; the global rank shards data
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device_type, backend = pick_device(args.device, args.backend, local_world_size, gpus)
+    if device_type == "cuda":  # before init, so NCCL binds each process to its own GPU, not all to GPU 0
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    timeout = datetime.timedelta(seconds=args.timeout)  # a lost rank fails loudly, never hangs
+    if "RANK" in os.environ:
+        # A fresh key space per torchrun attempt: the restarted workers may otherwise read the
+        # dead workers' addresses, left in the rendezvous store, and fail to connect.
+        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"attempt{attempt}/", store),
+                                rank=rank, world_size=world_size, timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
+                                rank=0, world_size=1, timeout=timeout)
+    return rank, world_size, local_rank, device, backend
+
+
+# ---------------------------------------------------------------- data
+def load_digits_split():
+    """scikit-learn's bundled digits: the same seeded split as the workbook (297 val, 1500 train)."""
+    try:
+        from sklearn.datasets import load_digits  # lazy: the only non-torch import, digits only
+    except ImportError:
+        raise UsageError("the digits data set needs scikit-learn: pip install scikit-learn") from None
+
+    d = load_digits()
+    X = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(d.target, dtype=torch.long)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    X, y = X[order], y[order]
+    return TensorDataset(X[297:], y[297:]), TensorDataset(X[:297], y[:297]), 10
+
+
+def build_data(args, rank):
+    """(train set, validation set, number of classes); each sample is (input tensor, class index)."""
+    return load_digits_split()
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can start mid-epoch: skip the samples a checkpoint already used."""
+
+    skip = 0  # samples of this rank's shard to skip in the current epoch (set before iterating)
+
+    def __iter__(self):
+        return iter(list(super().__iter__())[self.skip:])
+
+    def __len__(self):
+        return max(0, self.num_samples - self.skip)
+
+
+# ---------------------------------------------------------------- model
+def build_model(args, shape, classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), 64), nn.ReLU(), nn.Linear(64, classes))
+
+
+# ---------------------------------------------------------------- checkpoints and metrics
+def os_error_in(e: BaseException) -> OSError | None:
+    """The OSError behind an exception: torch.save wraps a failed write in a RuntimeError."""
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def describe_write_error(e: BaseException) -> str:
+    os_err = os_error_in(e)
+    if os_err is not None and os_err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no space left on device"
+    if os_err is not None and os_err.errno == errno.EFBIG:
+        return "file too large (a file-size limit, see ulimit -f)"
+    return os_err.strerror if os_err is not None and os_err.strerror else f"{type(e).__name__}: {e}"
+
+
+def atomic_save(path: str, state: dict) -> None:
+    """Temp file in the same folder, fsync, then rename: a kill or a full disk leaves last.pt intact."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:  # a file object, so a failed write keeps its OSError (errno)
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old or the new file
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)  # never leave a half-written file behind
+        raise
+
+
+def check_writable(folder: str) -> str | None:
+    probe = os.path.join(folder, f".write_probe_{os.getpid()}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(probe, "w") as f:
+            f.write("ok")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        full = os_error_in(e).errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        return (f"--ckpt-dir {folder!r} is not writable ({describe_write_error(e)}): "
+                + ("free space, or " if full else "") + "choose a folder you can write, or drop --ckpt-dir")
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(probe)
+    return None
+
+
+# What a checkpoint's tensors depend on: resuming with any of these changed is refused, naming it.
+SPEC_FLAGS = {"train_samples": "training samples", "classes": "classes", "input_shape": "input shape"}
+
+
+def run_spec(args, train_set, classes, shape) -> dict:
+    return {"train_samples": len(train_set), "classes": classes, "input_shape": list(shape)}
+
+
+def read_checkpoint(path: str, spec: dict):
+    """(checkpoint, None) or (None, the one-line reason it cannot be resumed)."""
+    try:  # weights_only: a checkpoint is data, never code to run
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        return None, f"cannot read checkpoint {path!r} ({type(e).__name__}): delete it or pass --resume none"
+    if not isinstance(ckpt, dict) or not {"model", "optimizer", "step"} <= ckpt.keys():
+        return None, f"{path!r} is not a train_ddp.py checkpoint: pass another --ckpt-dir or --resume none"
+    if "spec" not in ckpt or not isinstance(ckpt.get("rng"), list):
+        return None, (f"{path!r} was written by an older train_ddp.py, which did not record what the model "
+                      "and data were: pass --resume none to start over, or another --ckpt-dir")
+    differ = [k for k, v in spec.items() if ckpt["spec"].get(k) != v]
+    if differ:
+        old = ", ".join(f"{SPEC_FLAGS[k]} {ckpt['spec'].get(k)}" for k in differ)
+        new = ", ".join(f"{SPEC_FLAGS[k]} {spec[k]}" for k in differ)
+        return None, (f"checkpoint {path!r} does not fit this run: it was written with {old}, this run has "
+                      f"{new}; use the same settings, another --ckpt-dir, or --resume none to start over "
+                      "(this run would then replace it)")
+    return ckpt, None
+
+
+def resume_state(args, rank: int, spec: dict):
+    """(checkpoint or None, path) on every rank. Rank 0 finds and reads the file and broadcasts
+    it, so the other ranks need no copy (nodes without a shared filesystem resume too) and every
+    rank reaches the same verdict. The checkpoint is rank 0's save: every rank needs all of it."""
+    box = [None, None, None]  # checkpoint, path, error
+    if rank == 0:
+        path = args.resume if args.resume not in ("auto", "none") else None
+        auto = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
+        if args.resume == "auto" and auto and os.path.isfile(auto):
+            path = auto
+        if path and not os.path.isfile(path):
+            box = [None, path, f"--resume {path!r}: no such file (use auto, none or a checkpoint path)"]
+        elif path:
+            ckpt, err = read_checkpoint(path, spec)
+            box = [ckpt, path, err]
+    dist.broadcast_object_list(box, src=0)
+    if box[2]:
+        raise UsageError(box[2])
+    return box[0], box[1]
+
+
+def rng_state(device) -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None}
+
+
+def set_rng_state(state: dict, device) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate(state["python"])
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+
+
+class Metrics:
+    """JSON lines on rank 0, appended so a torchrun restart adds to the same file."""
+
+    def __init__(self, path, enabled, attempt):
+        self.attempt, self.f = attempt, None
+        if path and enabled:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self.f = open(path, "a", encoding="utf-8")
+
+    def write(self, kind, **fields):
+        if self.f:
+            self.f.write(json.dumps({"kind": kind, "attempt": self.attempt, **fields}) + "\n")
+            self.f.flush()  # a crash must not lose what was already reported
+
+
+# ---------------------------------------------------------------- the training loop's pieces
+def build_optimizer(args, model, world_size, steps_per_epoch):
+    """SGD or AdamW at the rate for this effective batch, and its schedule: linear warmup, then
+    constant or cosine down to 0 after --epochs (--max-steps only stops early, so a run stopped
+    there resumes exactly)."""
+    growth = world_size * args.accum_steps  # how many times larger the effective batch is
+    lr = args.lr * {"none": 1, "linear": growth, "sqrt": math.sqrt(growth)}[args.lr_scaling]
+    if args.optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=args.weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
+    total, warmup = args.epochs * steps_per_epoch, int(args.warmup_epochs * steps_per_epoch)
+
+    def lr_factor(s):
+        if s < warmup:
+            return (s + 1) / warmup
+        if args.lr_schedule == "constant":
+            return 1.0
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, total - warmup))))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+
+
+def resume(args, rank, world_size, spec, stateful, device):
+    """Load the checkpoint --resume names (if any) into `stateful` (model, optimizer, scheduler,
+    scaler); returns (epoch, batch_in_epoch, step) to continue from, and the checkpoint's path."""
+    ckpt, path = resume_state(args, rank, spec)
+    if ckpt is None:
+        return (0, 0, 0), None
+    for name, obj in stateful.items():
+        try:
+            obj.load_state_dict(ckpt[name])
+        except (RuntimeError, ValueError, KeyError):  # same settings, other tensors: edited, or another version
+            raise UsageError(f"checkpoint {path!r} does not fit this run's {name}: use another --ckpt-dir "
+                             "or --resume none") from None
+    epoch, batch_in_epoch, step = ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"]
+    same_layout = all(ckpt["config"].get(k) == v for k, v in (
+        ("world_size", world_size), ("batch_size", args.batch_size), ("accum_steps", args.accum_steps)))
+    if not same_layout:  # another sharding: the old position means other samples now
+        if rank == 0:
+            print(f"resume: world size / batch size / accumulation changed; epoch {epoch} restarts")
+        batch_in_epoch = 0
+    if len(ckpt["rng"]) == world_size:  # every rank continues its own random stream
+        set_rng_state(ckpt["rng"][rank], device)
+    return (epoch, batch_in_epoch, step), path
+
+
+def save_checkpoint(path, stateful, position, spec, config, device, saved_step):
+    """Every rank calls it (each adds its random state); rank 0 writes `path` atomically. A failed
+    write stops every rank with one message saying what `path` still holds (the checkpoint of
+    saved_step, if any)."""
+    epoch, batch_in_epoch, step = position
+    rngs = [None] * dist.get_world_size()
+    dist.all_gather_object(rngs, rng_state(device))  # every rank's random stream, for an exact resume
+    err = None
+    if dist.get_rank() == 0:
+        try:
+            atomic_save(path, {**{name: obj.state_dict() for name, obj in stateful.items()},
+                               "epoch": epoch, "batch_in_epoch": batch_in_epoch, "step": step,
+                               "rng": rngs, "spec": spec, "config": config})
+        except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
+            if os_error_in(e) is None:
+                raise
+            kept = (f"last.pt is still the step-{saved_step} checkpoint" if saved_step is not None
+                    else "last.pt was left as it was" if os.path.exists(path) else "nothing was written")
+            err = (f"{describe_write_error(e)} while saving {path} at step {step}; the temporary file "
+                   f"was removed and {kept}: free space or choose another --ckpt-dir, then run again")
+    agree(err)  # nobody runs ahead (or exits) before the checkpoint is complete, or all stop
+
+
+def evaluation_loader(val_set, rank, world_size):
+    """Every validation sample on exactly one rank (rank, rank + world_size, ...): no padding
+    copies, which DistributedSampler adds to even out shards and which would count twice."""
+    return DataLoader(Subset(val_set, range(rank, len(val_set), world_size)), batch_size=256)
+
+
+def evaluate(model, loader, device, amp_dtype):
+    """(loss, accuracy, count) over the whole validation set. `model` is the unwrapped model:
+    ranks may hold different numbers of batches here, and DDP's forward expects them equal."""
+    model.eval()
+    stats = torch.zeros(3, dtype=torch.float64, device=device)  # [loss sum, correct, count]
+    with torch.no_grad(), autocast(device, amp_dtype):
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            out = model(x).float()
+            stats += torch.stack([F.cross_entropy(out, y, reduction="sum").double(),
+                                  (out.argmax(1) == y).sum().double(), torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
+    dist.all_reduce(stats)  # global numbers, not rank 0's shard
+    model.train()
+    return (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item(), int(stats[2].item())
+
+
+def autocast(device, amp_dtype):
+    """bf16/fp16 autocast, or no context at all for fp32 (a disabled autocast still costs time)."""
+    return torch.autocast(device.type, amp_dtype) if amp_dtype else contextlib.nullcontext()
+
+
+def is_sync_step(i: int, accum_steps: int, batches_per_epoch: int) -> bool:
+    """Batch i (0-based, in the epoch) ends an accumulation group: all-reduce, then step. The
+    epoch's last batch always ends one, so a short tail group still steps."""
+    return (i + 1) % accum_steps == 0 or i + 1 == batches_per_epoch
+
+
+def group_size(i: int, accum_steps: int, batches_per_epoch: int) -> int:
+    """Micro-batches in batch i's group: accum_steps, or fewer in the epoch's short tail."""
+    return min(accum_steps, batches_per_epoch - (i - i % accum_steps))
+
+
+class Window:
+    """This rank's step losses and samples since the last train record (one all-reduce per record)."""
+
+    def __init__(self, device):
+        self.loss, self.device = torch.zeros((), device=device), device
+        self.steps, self.samples, self.t0 = 0, 0, time.perf_counter()
+
+    def add(self, loss, samples):
+        self.loss += loss
+        self.samples += samples
+
+    @contextlib.contextmanager
+    def paused(self):  # samples/s measures training, not evaluation
+        t = time.perf_counter()
+        yield
+        self.t0 += time.perf_counter() - t
+
+    def record(self, **fields):
+        """Global mean loss per step and global samples/s over the window; every rank must call it."""
+        w = torch.tensor([self.loss.item(), self.samples], dtype=torch.float64, device=self.device)
+        dist.all_reduce(w)  # a sync point: --log-every keeps it off most steps
+        rec = dict(fields, loss=w[0].item() / self.steps / dist.get_world_size(),
+                   samples_per_s=w[1].item() / (time.perf_counter() - self.t0))
+        self.loss.zero_()
+        self.steps, self.samples, self.t0 = 0, 0, time.perf_counter()
+        return rec
+
+
+def check_start(args, world_size, train_set, is_main) -> str | None:
+    """What only the data and the filesystem reveal, found before the first step."""
+    if world_size > len(train_set):
+        return (f"{world_size} ranks but only {len(train_set)} training samples: every rank needs at "
+                "least one; use fewer processes (--nproc_per_node) or more data")
+    return check_writable(args.ckpt_dir) if args.ckpt_dir and is_main else None
+
+
+def say(is_main, text):
+    if is_main:
+        print(text, flush=True)
+
+
+# ---------------------------------------------------------------- training
+def train(args, rank, world_size, device, backend):
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)  # torchrun's restart count
+    is_main = rank == 0
+    train_set, val_set, classes = build_data(args, rank)
+    shape = tuple(train_set[0][0].shape)  # one input sample's shape, read from the data itself
+    agree(check_start(args, world_size, train_set, is_main))
+
+    torch.manual_seed(args.seed)  # identical init on every rank (DDP also broadcasts rank 0's)
+    raw_model = build_model(args, shape, classes).to(device)  # unwrapped: what checkpoints hold
+    spec = run_spec(args, train_set, classes, shape)
+
+    sampler = ResumableSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+    val_loader = evaluation_loader(val_set, rank, world_size)
+    batches_per_epoch = math.ceil(sampler.num_samples / args.batch_size)
+    steps_per_epoch = math.ceil(batches_per_epoch / args.accum_steps)
+    optimizer, scheduler = build_optimizer(args, raw_model, world_size, steps_per_epoch)
+    # fp16 needs loss scaling (its small range underflows gradients); bf16 has fp32's range.
+    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    stateful = {"model": raw_model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+    # Resume before DDP wraps the model: DDP broadcasts rank 0's weights at construction.
+    (epoch, batch_in_epoch, step), resumed = resume(args, rank, world_size, spec, stateful, device)
+    model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    metrics = Metrics(args.metrics_out, is_main, attempt)
+    run_config = {**vars(args), "world_size": world_size}  # what checkpoints record of this run
+    effective_batch = args.batch_size * world_size * args.accum_steps
+    lr, total_steps = optimizer.param_groups[0]["initial_lr"], args.epochs * steps_per_epoch
+    say(is_main, f"world_size={world_size} backend={backend} device={device} "
+        f"effective batch={args.batch_size} x {world_size} ranks x {args.accum_steps} accum "
+        f"= {effective_batch}, lr={lr:g}, {steps_per_epoch} steps/epoch")
+    metrics.write("config", **{**run_config, "backend": backend, "device": str(device)},
+                  effective_batch=effective_batch, lr_effective=lr, steps_per_epoch=steps_per_epoch,
+                  total_steps=total_steps)
+    if resumed:
+        metrics.write("resume", step=step, epoch=epoch, path=resumed)
+        say(is_main, f"resumed from {resumed} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
+
+    last_pt = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
+    saved_step = step if resumed and resumed == last_pt else None  # the step last.pt holds
+    max_steps = args.max_steps or total_steps
+    window = Window(device)
+    model.train()
+    while epoch < args.epochs and step < max_steps:
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        sampler.skip = batch_in_epoch * args.batch_size
+        i = batch_in_epoch
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            sync = is_sync_step(i, args.accum_steps, batches_per_epoch)
+            with contextlib.nullcontext() if sync else model.no_sync():  # all-reduce once per group
+                with autocast(device, amp_dtype):
+                    loss = F.cross_entropy(model(x), y) / group_size(i, args.accum_steps, batches_per_epoch)
+                scaler.scale(loss).backward()  # the loss is the group's mean: / group_size above
+            window.add(loss.detach(), len(y))
+            i += 1
+            if not sync:
+                continue
+            lr_used = optimizer.param_groups[0]["lr"]  # this step's rate (the scheduler then sets the next)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            step, window.steps = step + 1, window.steps + 1
+            if step % args.log_every == 0 or step == max_steps:
+                rec = window.record(step=step, epoch=epoch, lr=lr_used)
+                metrics.write("train", **rec)
+                say(is_main, f"step {step} epoch {epoch} loss {rec['loss']:.4f} lr {lr_used:.4g} "
+                    f"{rec['samples_per_s']:.0f} samples/s")
+            if last_pt and step % args.save_every == 0:
+                save_checkpoint(last_pt, stateful, (epoch, i, step), spec, run_config, device, saved_step)
+                saved_step = step
+                metrics.write("ckpt", step=step, path=last_pt)
+            if step >= max_steps:
+                break
+        with window.paused():  # after every epoch, and where --max-steps stopped mid-epoch
+            loss, acc, count = evaluate(raw_model, val_loader, device, amp_dtype)
+        metrics.write("eval", epoch=epoch, step=step, loss=loss, acc=acc, count=count)
+        say(is_main, f"eval epoch {epoch} step {step}: loss {loss:.4f} acc {acc:.4f} ({count} samples)")
+        epoch, batch_in_epoch = (epoch + 1, 0) if i >= batches_per_epoch else (epoch, i)
+    if last_pt and saved_step != step:
+        save_checkpoint(last_pt, stateful, (epoch, batch_in_epoch, step), spec, run_config, device, saved_step)
+        metrics.write("ckpt", step=step, path=last_pt)
+    metrics.write("final", step=step)
+    dist.barrier()  # every rank is done with every collective before the group is torn down
+    say(is_main, f"done: step {step}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        validate(args)
+        rank, world_size, _, device, backend = setup(args)
+        try:
+            train(args, rank, world_size, device, backend)
+            # train()'s frame (its DDP model, the gloo/NCCL state that holds) can outlive its
+            # return: the first optimizer lazily imports torch._dynamo, and an import-time reference
+            # cycle in torch (torch.fx.wrap keeps its own frame, pytorch/pytorch#195586) pins every
+            # frame then on the stack until Python's cycle collector runs. Freed only at interpreter
+            # exit, after destroy_process_group, it aborts a finished rank ("terminate called without
+            # an active exception"). Collect it now, while the group still exists.
+            gc.collect()
+        finally:
+            dist.destroy_process_group()
+    except UsageError as e:
+        if int(os.environ.get("RANK", 0)) == 0:  # one message, not one per rank
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The script ladder (scripts/minimal_ddp.py ... scripts/train_ddp.py) stays a ladder.
+
+Each rung is a small diff of the one before, changes exactly the functions it says it changes
+(a fix made to train_ddp.py alone fails here until the rungs below it have it too), runs on its
+own under torchrun, and trains exactly like the rung before it when its new features are off.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_lab import launch, ladder
+
+
+def test_each_rung_is_a_small_diff_of_the_one_before():
+    rows = ladder.table()
+    assert [r["file"] for r in rows][0] == "minimal_ddp.py" and rows[-1]["file"] == "train_ddp.py"
+    too_big = [(r["file"], r["changed"]) for r in rows[1:] if r["changed"] > ladder.MAX_CHANGED]
+    assert not too_big, f"more than {ladder.MAX_CHANGED} changed lines: {too_big}"
+    # the ladder climbs: every rung is longer than the one before
+    assert all(a["lines"] < b["lines"] for a, b in zip(rows, rows[1:]))
+
+
+def test_each_rung_changes_exactly_what_it_declares():
+    first = ladder.RUNGS[0]
+    assert set(ladder.definitions(first)) == set(first.changes)
+    for prev, rung in zip(ladder.RUNGS, ladder.RUNGS[1:]):
+        got, declared = ladder.changed_definitions(prev, rung), set(rung.changes)
+        assert got == declared, (f"{rung.file}: changes {sorted(got - declared)} without declaring them, "
+                                 f"declares {sorted(declared - got)} without changing them; a fix "
+                                 "belongs in every rung that has the function")
+
+
+def test_every_script_but_the_benchmark_is_a_rung():
+    rungs = {r.file for r in ladder.RUNGS}
+    assert {p.name for p in ladder.SCRIPTS.glob("*.py")} - rungs == {"allreduce_bench.py"}
+
+
+def test_changed_definitions_sees_a_one_line_fix(tmp_path, monkeypatch):
+    # the declared-changes test is only as good as this: a changed line inside a function is seen
+    a, b = ladder.path(ladder.RUNGS[-2]), tmp_path / "patched.py"
+    b.write_text(a.read_text().replace("os.fsync(f.fileno())", "pass", 1))
+    assert ladder.changed_definitions(a, b) == {"atomic_save"}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Every rung launched on its own: 2 ranks, one epoch (about 10 s each)."""
+    d = tmp_path_factory.mktemp("ladder")
+    runs = {}
+    for k, rung in enumerate(ladder.RUNGS, 1):
+        flags = ["--epochs", "1"] + (["--metrics-out", d / f"rung{k}.jsonl"] if k > 1 else [])
+        runs[k] = launch.torchrun(rung.file, nproc=2, stream=False, args=flags,
+                                  env={"MINIMAL_DDP_OUT": str(d / "minimal.pt")})
+    return d, runs
+
+
+def records(path, kind):
+    return [r for r in map(json.loads, Path(path).read_text().splitlines()) if r["kind"] == kind]
+
+
+def test_every_rung_runs_with_two_ranks(launched):
+    d, runs = launched
+    assert all(run.returncode == 0 for run in runs.values())
+    assert any(line.startswith("epoch 0 loss") for line in runs[1].rank_lines[0])
+    assert sorted(torch.load(d / "minimal.pt", weights_only=True)) == ["1.bias", "1.weight", "3.bias", "3.weight"]
+    for k in range(2, len(ladder.RUNGS) + 1):
+        (ev,) = records(d / f"rung{k}.jsonl", "eval")
+        assert ev["count"] == 297 and ev["acc"] > 0.5, (k, ev)   # every validation digit, once
+        assert not any(line.startswith("eval") for line in runs[k].rank_lines.get(1, []))  # rank 0 prints
+
+
+def test_a_rung_trains_exactly_like_the_one_before_when_its_features_are_off(launched):
+    d, _ = launched
+    ev = {k: records(d / f"rung{k}.jsonl", "eval")[0] for k in range(2, len(ladder.RUNGS) + 1)}
+    # rung 3 adds checkpoints (off without --ckpt-dir); rungs 5-8 add errors, data, models and
+    # tools, all off by default. Rung 4's cosine schedule (on by default) is the one change.
+    assert ev[3]["loss"] == ev[2]["loss"] and ev[3]["acc"] == ev[2]["acc"]
+    assert len({(ev[k]["loss"], ev[k]["acc"]) for k in range(4, len(ladder.RUNGS) + 1)}) == 1
+    assert ev[4]["loss"] != ev[3]["loss"]
+
+
+def run(script, *args, cwd):
+    proc = subprocess.run([sys.executable, str(ladder.path(script)), *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_rung3_stopped_and_resumed_equals_uninterrupted(tmp_path):
+    run("ddp3_checkpoint.py", "--epochs", 2, "--ckpt-dir", "straight", cwd=tmp_path)
+    run("ddp3_checkpoint.py", "--epochs", 2, "--ckpt-dir", "resumed", "--max-steps", 30, cwd=tmp_path)
+    out = run("ddp3_checkpoint.py", "--epochs", 2, "--ckpt-dir", "resumed", cwd=tmp_path)
+    assert "resumed from resumed/last.pt at step 30 (epoch 0, batch 30)" in out  # mid-epoch: 47 per epoch
+    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)
+    b = torch.load(tmp_path / "resumed" / "last.pt", weights_only=True)
+    assert a["step"] == b["step"] == 94
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_rung5_bad_flag_is_one_message_and_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, str(ladder.path("ddp5_errors.py")), "--batch-size", "0"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: --batch-size must be at least 1 (got 0)"
