@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e ".[dev]"
 	@touch $(STAMP)
 
+# Rooted at the repository (scripts/ and ddp_lab/ open from the file browser), landing on notebook 00.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_ARG) $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. $(ROOT_ARG) $(LAB_ARGS) \
+		--LabApp.default_url=/lab/tree/notebooks/00_first_launch.ipynb
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

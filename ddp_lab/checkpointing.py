@@ -35,7 +35,8 @@ MUST_HOLD = {
     "scheduler": "where the learning-rate schedule is",
     "scaler": "fp16 loss scale and its growth tracker (which steps get skipped)",
     "epoch": "the sampler's epoch: DistributedSampler.set_epoch(epoch) picks the shuffle",
-    "step": "how far into the epoch to skip, and the step counter for logs and schedules",
+    # train_ddp.py steps once per K batches (accumulation), so it saves the position as batch_in_epoch
+    "step": "the step counter (logs, LR schedule); one batch per step: where in the epoch to go on",
     "rng": "torch / CUDA / Python RNG states: dropout masks, augmentations",
     "config": "the run's settings, so a resume can refuse an incompatible one",
 }

@@ -131,3 +131,43 @@ def show(k: int):
             f"({changed_lines(prev, r)} lines changed from <code>{prev.file}</code>)<br>"
             + "<br>".join(html.escape(s) for s in r.adds.splitlines()))
     return HTML(f"<p>{head}</p>" + diff_html(prev, r))
+
+
+def source_html(k: int) -> str:
+    """Rung k's whole file (1-based) as HTML, for the first rung."""
+    return f'<div style="{_STYLE}">' + html.escape(path(RUNGS[k - 1]).read_text()) + "</div>"
+
+
+def figure(rows=None):
+    """Each rung's length and how much it changed from the one before, against MAX_CHANGED."""
+    import matplotlib.pyplot as plt
+
+    rows = rows or table()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    names = [f"{r['rung']}. {r['file']}" for r in rows][::-1]
+    a.barh(names, [r["lines"] for r in rows][::-1], color="#7a9cc6")
+    a.set_xlabel("lines in the file")
+    b.barh(names[:-1], [r["changed"] for r in rows][::-1][:-1], color="#e0a458")
+    b.axvline(MAX_CHANGED, color="crimson", ls="--", label=f"bound: {MAX_CHANGED} lines")
+    b.set_xlabel("lines changed from the rung before")
+    b.legend(loc="upper right", fontsize=8)
+    fig.suptitle("The script ladder: each rung a whole program, a small diff of the one before")
+    fig.tight_layout()
+    return fig
+
+
+def eval_figure(evals: dict):
+    """Validation loss and accuracy after one epoch, per rung (rung -> eval record)."""
+    import matplotlib.pyplot as plt
+
+    ks = sorted(evals)
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    ax.bar([str(k) for k in ks], [evals[k]["loss"] for k in ks], color="#7a9cc6")
+    for k in ks:
+        ax.annotate(f"acc {evals[k]['acc']:.3f}", (str(k), evals[k]["loss"]), ha="center",
+                    va="bottom", fontsize=8)
+    ax.set_xlabel("rung")
+    ax.set_ylabel("validation loss (global)")
+    ax.set_title("One epoch per rung, 2 ranks, default flags")
+    fig.tight_layout()
+    return fig

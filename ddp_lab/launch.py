@@ -58,6 +58,15 @@ FLUSH_EVERY_S, FLUSH_LINES = 0.1, 200  # one write per batch, not one per line
 _TORCH_RANK_TAG = re.compile(r"^\[rank\d+\]: ?")  # torch tags uncaught exceptions itself
 
 
+class LaunchInterrupted(KeyboardInterrupt):
+    """The stop button during a launch. Still a KeyboardInterrupt (the cell stops, `Run All`
+    stops), but a notebook shows it as one line instead of a traceback through the launcher's
+    queue and threading internals, which looks like a crash."""
+
+    def _render_traceback_(self):  # IPython renders this instead of the traceback
+        return [f"LaunchInterrupted: {self}"]
+
+
 class LaunchError(RuntimeError):
     """A launch failed; the message is the root cause, `.run` has the full log."""
 
@@ -325,8 +334,7 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
         _kill_all(procs)
         shutil.rmtree(records_dir, ignore_errors=True)
         output.close()
-        print("[launch] interrupted: every process of this launch was stopped", flush=True)
-        raise
+        raise LaunchInterrupted("the launch was stopped, and every process it started with it") from None
     run = _finish(procs, start, output, records_dir, cmds, ended)
     if run.returncode != 0:
         message, rank = root_cause(run.log, run.rank_lines, output.rank_errors)

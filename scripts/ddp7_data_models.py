@@ -225,15 +225,22 @@ def build_data(args, rank):
 
 
 class ResumableSampler(DistributedSampler):
-    """DistributedSampler that can start mid-epoch: skip the samples a checkpoint already used."""
+    """DistributedSampler that can start mid-epoch, on any number of ranks: it skips the first
+    `start` samples of the epoch's shuffled order (the same order for every world size) and
+    shards the rest, so a resume with more or fewer ranks neither repeats nor skips a sample."""
 
-    skip = 0  # samples of this rank's shard to skip in the current epoch (set before iterating)
+    start = 0  # samples of this epoch's order already used, by all ranks together (set before iterating)
 
     def __iter__(self):
-        return iter(list(super().__iter__())[self.skip:])
+        n = len(self.dataset)
+        g = torch.Generator().manual_seed(self.seed + self.epoch)  # DistributedSampler's own order
+        order = torch.randperm(n, generator=g).tolist() if self.shuffle else list(range(n))
+        rest = order[self.start:]
+        rest += order[:-len(rest) % self.num_replicas]  # pad as DistributedSampler does: equal shards
+        return iter(rest[self.rank::self.num_replicas])
 
     def __len__(self):
-        return max(0, self.num_samples - self.skip)
+        return max(0, math.ceil((len(self.dataset) - self.start) / self.num_replicas))
 
 
 # ---------------------------------------------------------------- model
@@ -298,6 +305,12 @@ def atomic_save(path: str, state: dict) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old or the new file
+        if hasattr(os, "O_DIRECTORY"):  # and the rename itself survives a power cut (POSIX)
+            fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)  # never leave a half-written file behind
@@ -343,7 +356,7 @@ def read_checkpoint(path: str, spec: dict):
         return None, f"cannot read checkpoint {path!r} ({type(e).__name__}): delete it or pass --resume none"
     if not isinstance(ckpt, dict) or not {"model", "optimizer", "step"} <= ckpt.keys():
         return None, f"{path!r} is not a train_ddp.py checkpoint: pass another --ckpt-dir or --resume none"
-    if "spec" not in ckpt or not isinstance(ckpt.get("rng"), list):
+    if "spec" not in ckpt or "samples_in_epoch" not in ckpt or not isinstance(ckpt.get("rng"), list):
         return None, (f"{path!r} was written by an older train_ddp.py, which did not record what the model "
                       "and data were: pass --resume none to start over, or another --ckpt-dir")
     differ = [k for k, v in spec.items() if ckpt["spec"].get(k) != v]
@@ -434,7 +447,7 @@ def build_optimizer(args, model, world_size, steps_per_epoch):
 
 def resume(args, rank, world_size, spec, stateful, device):
     """Load the checkpoint --resume names (if any) into `stateful` (model, optimizer, scheduler,
-    scaler); returns (epoch, batch_in_epoch, step) to continue from, and the checkpoint's path."""
+    scaler); returns (epoch, samples_in_epoch, step) to continue from, and the checkpoint's path."""
     ckpt, path = resume_state(args, rank, spec)
     if ckpt is None:
         return (0, 0, 0), None
@@ -444,30 +457,29 @@ def resume(args, rank, world_size, spec, stateful, device):
         except (RuntimeError, ValueError, KeyError):  # same settings, other tensors: edited, or another version
             raise UsageError(f"checkpoint {path!r} does not fit this run's {name}: use another --ckpt-dir "
                              "or --resume none") from None
-    epoch, batch_in_epoch, step = ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"]
+    epoch, samples_in_epoch, step = ckpt["epoch"], ckpt["samples_in_epoch"], ckpt["step"]
     same_layout = all(ckpt["config"].get(k) == v for k, v in (
         ("world_size", world_size), ("batch_size", args.batch_size), ("accum_steps", args.accum_steps)))
-    if not same_layout:  # another sharding: the old position means other samples now
-        if rank == 0:
-            print(f"resume: world size / batch size / accumulation changed; epoch {epoch} restarts")
-        batch_in_epoch = 0
+    if not same_layout and rank == 0:  # the position is global: it holds for any layout
+        print(f"resume: world size / batch size / accumulation changed; epoch {epoch} continues at sample "
+              f"{samples_in_epoch} of its shuffled order")
     if len(ckpt["rng"]) == world_size:  # every rank continues its own random stream
         set_rng_state(ckpt["rng"][rank], device)
-    return (epoch, batch_in_epoch, step), path
+    return (epoch, samples_in_epoch, step), path
 
 
 def save_checkpoint(path, stateful, position, spec, config, device, saved_step):
     """Every rank calls it (each adds its random state); rank 0 writes `path` atomically. A failed
     write stops every rank with one message saying what `path` still holds (the checkpoint of
     saved_step, if any)."""
-    epoch, batch_in_epoch, step = position
+    epoch, samples_in_epoch, step = position
     rngs = [None] * dist.get_world_size()
     dist.all_gather_object(rngs, rng_state(device))  # every rank's random stream, for an exact resume
     err = None
     if dist.get_rank() == 0:
         try:
             atomic_save(path, {**{name: obj.state_dict() for name, obj in stateful.items()},
-                               "epoch": epoch, "batch_in_epoch": batch_in_epoch, "step": step,
+                               "epoch": epoch, "samples_in_epoch": samples_in_epoch, "step": step,
                                "rng": rngs, "spec": spec, "config": config})
         except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
             if os_error_in(e) is None:
@@ -591,7 +603,7 @@ def train(args, rank, world_size, device, backend):
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     stateful = {"model": raw_model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
     # Resume before DDP wraps the model: DDP broadcasts rank 0's weights at construction.
-    (epoch, batch_in_epoch, step), resumed = resume(args, rank, world_size, spec, stateful, device)
+    (epoch, position, step), resumed = resume(args, rank, world_size, spec, stateful, device)
     model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None)
 
     metrics = Metrics(args.metrics_out, is_main, attempt)
@@ -606,24 +618,25 @@ def train(args, rank, world_size, device, backend):
                   total_steps=total_steps)
     if resumed:
         metrics.write("resume", step=step, epoch=epoch, path=resumed)
-        say(is_main, f"resumed from {resumed} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
+        say(is_main, f"resumed from {resumed} at step {step} (epoch {epoch}, sample {position})")
 
     last_pt = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
     saved_step = step if resumed and resumed == last_pt else None  # the step last.pt holds
     max_steps = args.max_steps or total_steps
+    per_batch = args.batch_size * world_size  # samples all ranks use per batch
     window = Window(device)
     model.train()
     while epoch < args.epochs and step < max_steps:
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         loader_rng.manual_seed(rank_seed(args.seed, rank) + epoch)  # workers' seeds: per rank and epoch
-        sampler.skip = batch_in_epoch * args.batch_size
-        i = batch_in_epoch
+        sampler.start = position  # samples of this epoch's order already used, by all ranks together
+        batches, i = math.ceil(len(sampler) / args.batch_size), 0  # this rank's batches left in the epoch
         for x, y in loader:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            sync = is_sync_step(i, args.accum_steps, batches_per_epoch)
+            sync = is_sync_step(i, args.accum_steps, batches)
             with contextlib.nullcontext() if sync else model.no_sync():  # all-reduce once per group
                 with autocast(device, amp_dtype):
-                    loss = F.cross_entropy(model(x), y) / group_size(i, args.accum_steps, batches_per_epoch)
+                    loss = F.cross_entropy(model(x), y) / group_size(i, args.accum_steps, batches)
                 scaler.scale(loss).backward()  # the loss is the group's mean: / group_size above
             window.add(loss.detach(), len(y))
             i += 1
@@ -641,7 +654,7 @@ def train(args, rank, world_size, device, backend):
                 say(is_main, f"step {step} epoch {epoch} loss {rec['loss']:.4f} lr {lr_used:.4g} "
                     f"{rec['samples_per_s']:.0f} samples/s")
             if last_pt and step % args.save_every == 0:
-                save_checkpoint(last_pt, stateful, (epoch, i, step), spec, run_config, device, saved_step)
+                save_checkpoint(last_pt, stateful, (epoch, position + i * per_batch, step), spec, run_config, device, saved_step)
                 saved_step = step
                 metrics.write("ckpt", step=step, path=last_pt)
             if step >= max_steps:
@@ -650,9 +663,9 @@ def train(args, rank, world_size, device, backend):
             loss, acc, count = evaluate(raw_model, val_loader, device, amp_dtype)
         metrics.write("eval", epoch=epoch, step=step, loss=loss, acc=acc, count=count)
         say(is_main, f"eval epoch {epoch} step {step}: loss {loss:.4f} acc {acc:.4f} ({count} samples)")
-        epoch, batch_in_epoch = (epoch + 1, 0) if i >= batches_per_epoch else (epoch, i)
+        epoch, position = (epoch + 1, 0) if i >= batches else (epoch, position + i * per_batch)
     if last_pt and saved_step != step:
-        save_checkpoint(last_pt, stateful, (epoch, batch_in_epoch, step), spec, run_config, device, saved_step)
+        save_checkpoint(last_pt, stateful, (epoch, position, step), spec, run_config, device, saved_step)
         metrics.write("ckpt", step=step, path=last_pt)
     metrics.write("final", step=step)
     dist.barrier()  # every rank is done with every collective before the group is torn down

@@ -94,7 +94,7 @@ def test_rung3_stopped_and_resumed_equals_uninterrupted(tmp_path):
     run("ddp3_checkpoint.py", "--epochs", 2, "--ckpt-dir", "straight", cwd=tmp_path)
     run("ddp3_checkpoint.py", "--epochs", 2, "--ckpt-dir", "resumed", "--max-steps", 30, cwd=tmp_path)
     out = run("ddp3_checkpoint.py", "--epochs", 2, "--ckpt-dir", "resumed", cwd=tmp_path)
-    assert "resumed from resumed/last.pt at step 30 (epoch 0, batch 30)" in out  # mid-epoch: 47 per epoch
+    assert "resumed from resumed/last.pt at step 30 (epoch 0, sample 960)" in out  # mid-epoch: 47 x 32 per epoch
     a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)
     b = torch.load(tmp_path / "resumed" / "last.pt", weights_only=True)
     assert a["step"] == b["step"] == 94

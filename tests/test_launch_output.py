@@ -96,3 +96,10 @@ def test_a_wrong_path_is_an_error_not_the_workbooks_script(tmp_path, monkeypatch
     message = str(info.value)
     assert f"no such program: {program}" in message
     assert str(tmp_path) in message  # the folder the path was resolved against
+
+
+def test_an_interrupted_launch_renders_as_one_line_in_a_notebook():
+    # IPython shows _render_traceback_() instead of the traceback through queue.py and threading.py
+    err = launch.LaunchInterrupted("the launch was stopped")
+    assert isinstance(err, KeyboardInterrupt)  # the cell, and Run All, still stop
+    assert err._render_traceback_() == ["LaunchInterrupted: the launch was stopped"]

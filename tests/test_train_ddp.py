@@ -4,6 +4,7 @@ One reference launch (2 ranks x batch 64, 20 steps across an epoch boundary) is 
 """
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,43 @@ def test_models_and_data_match_the_workbook():
         theirs = ref_model().state_dict()
         assert mine.keys() == theirs.keys(), flags
         assert all(torch.equal(mine[k], theirs[k]) for k in mine), flags
+
+
+def test_resumable_sampler_is_distributed_sampler_when_nothing_changes():
+    from torch.utils.data import DistributedSampler
+    mod = load_module()
+    for n, world, epoch in ((1500, 2, 0), (1500, 3, 1), (10, 4, 2), (7, 3, 5), (1, 2, 0)):
+        for rank in range(world):
+            ref = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=3)
+            mine = mod.ResumableSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=3)
+            ref.set_epoch(epoch)
+            mine.set_epoch(epoch)
+            assert list(mine) == list(ref) and len(mine) == len(ref), (n, world, rank)
+            # a resume at batch b of size B on the same world: the same shard, b * B in
+            for b, size in ((1, 2), (2, 1)):
+                mine.start = b * size * world
+                assert list(mine) == list(ref)[b * size:] and len(mine) == len(list(mine)), (n, world, b)
+                mine.start = 0
+
+
+def test_the_scripts_copies_of_workbook_code_stay_equal(tmp_path, monkeypatch):
+    """Deliberate copies (scripts/ must run without ddp_lab): the same behaviour as the original."""
+    from ddp_lab import checkpointing, sampling
+    mod = load_module()
+    for n in (297, 10, 3):  # exact evaluation shards: ddp_lab.sampling.exact_shard
+        for world in (1, 2, 3, 5):
+            for rank in range(world):
+                got = list(mod.evaluation_loader(list(range(n)), rank, world, 0).dataset.indices)
+                assert got == sampling.exact_shard(n, rank, world)
+    # atomic saves: temp file in the same folder, fsync it, rename over, fsync the folder
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append(("replace", Path(a).parent == Path(b).parent)),
+                                                     real_replace(a, b))[1])
+    sequences = []
+    for save in (lambda p: checkpointing.atomic_save({"x": 1}, p), lambda p: mod.atomic_save(str(p), {"x": 1})):
+        calls.clear()
+        save(tmp_path / f"ck{len(sequences)}.pt")
+        sequences.append(list(calls))
+    assert sequences[0] == sequences[1] == ["fsync", ("replace", True), "fsync"]

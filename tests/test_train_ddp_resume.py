@@ -119,3 +119,36 @@ def test_kill_while_saving_leaves_previous_checkpoint_loadable(tmp_path):
     assert [r["step"] for r in recs if r["kind"] == "resume"] == [5]
     assert final(tmp_path / "m.jsonl")["step"] == 10
     assert not partial.exists()  # the next save replaced the torn temp file
+
+
+SAMPLE_PROBE = Path(__file__).parent / "programs" / "sample_probe.py"  # logs every sample index used
+
+
+def test_resume_on_another_world_size_sees_every_sample_once(tmp_path):
+    # One epoch of the 1500 digits, batch 10 per rank, over three launches:
+    #   2 ranks, killed after step 3 (saved at 3):   60 samples, position 60
+    #   3 ranks, killed after step 7 (saved at 7):  120 samples, position 180
+    #   2 ranks to the end of the epoch:           1320 samples (66 steps)
+    # Each launch logs the indices its sampler handed out; together they must be the epoch's
+    # shuffled order, every sample exactly once (the sizes leave no padding to repeat).
+    common = [SCRIPT, "--", "--epochs", 1, "--batch-size", 10, "--ckpt-dir", tmp_path / "ck",
+              "--metrics-out", tmp_path / "m.jsonl", "--log-every", 1]
+    plan = [(2, ["--crash-at-step", 3, "--save-every", 3]), (3, ["--crash-at-step", 7, "--save-every", 7]),
+            (2, [])]
+    for k, (nproc, extra) in enumerate(plan):
+        env = {"SAMPLE_LOG": str(tmp_path / f"samples{k}")}
+        try:
+            launch.torchrun(str(SAMPLE_PROBE), nproc=nproc, stream=False, env=env, args=[*common, *extra])
+        except launch.LaunchError as e:  # the crash drill: every rank SIGKILLs itself after the save
+            assert extra and "crash-at-step" in e.run.log, e
+    seen = {}
+    for k, (nproc, _) in enumerate(plan):
+        for r in range(nproc):
+            for line in (tmp_path / f"samples{k}.rank{r}").read_text().splitlines():
+                seen.setdefault(k, []).append(json.loads(line)["index"])
+    assert [len(seen[k]) for k in range(3)] == [60, 120, 1320]
+    every = seen[0] + seen[1] + seen[2]
+    assert sorted(every) == list(range(1500)), "a sample was repeated or lost across the resumes"
+    resumes = [r for r in metrics(tmp_path / "m.jsonl") if r["kind"] == "resume"]
+    assert [(r["step"], r["epoch"]) for r in resumes] == [(3, 0), (7, 0)]
+    assert final(tmp_path / "m.jsonl")["step"] == 7 + 66
