@@ -8,6 +8,7 @@
   counts, no hang) and wrong for metrics (duplicates are counted twice).
 - LengthBalancedSampler: for variable-length samples, gives every rank batches
   of similar padded cost at each step, so no rank is the straggler the others wait for.
+  sequence_lengths() is the long-tailed workload notebook 02 balances.
 """
 from __future__ import annotations
 
@@ -75,6 +76,15 @@ def evaluate_distributed(model, X, y, batch_size: int = 256) -> dict:
         dist.all_reduce(totals)
     loss_sum, correct, count = totals.tolist()
     return {"loss": loss_sum / count, "accuracy": correct / count, "count": int(count)}
+
+
+SEQS, SEQ_BATCH = 128, 8   # notebook 02's variable-length sequences, and the per-rank batch
+
+
+def sequence_lengths(n: int = SEQS, seed: int = 0) -> torch.Tensor:
+    """Long-tailed lengths (16..512), like sentences: a few long ones dominate a batch's cost."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.empty(n).log_normal_(4.8, 0.5, generator=g).clamp(16, 512).long()
 
 
 def padded_cost(lengths, batch) -> int:

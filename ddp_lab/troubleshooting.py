@@ -15,6 +15,10 @@ replica_check hashes every parameter and buffer (the exact bytes, so a differenc
 bit counts), all-gathers one 63-bit hash per tensor and compares each rank with rank 0, the rank
 DDP broadcasts from when it wraps a model. It costs one all_gather of 8 bytes per tensor: cheap
 enough to run every few hundred steps.
+
+Also here, for notebook 07 and its probes (ddp_lab/experiments/nb07_*.py): TwoHeads and Twice,
+the models whose unused or twice-used parameters break DDP, and LATE_RANK, the rank that never
+reaches the monitored barrier.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -88,3 +94,37 @@ def finite_everywhere(*tensors: torch.Tensor, group=None) -> tuple[bool, list]:
 def _device(group) -> str:
     """NCCL collectives take CUDA tensors, gloo CPU tensors."""
     return f"cuda:{torch.cuda.current_device()}" if dist.get_backend(group) == "nccl" else "cpu"
+
+
+# ---------------------------------------------------------------- what notebook 07 breaks
+LATE_RANK = 1  # nb07_collectives: the rank that never reaches the monitored barrier
+
+
+class TwoHeads(nn.Module):
+    """The auxiliary head runs only on even steps: its parameters get no gradient on odd ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head, self.aux = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(16, 4)
+
+    def forward(self, x, use_aux):
+        h = torch.relu(self.body(x))
+        return self.head(h) + (self.aux(h) if use_aux else 0)
+
+
+class Twice(nn.Module):
+    """One layer used twice, each use in its own checkpointed block (weight sharing)."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.inp, self.shared, self.out = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+        self.reentrant = reentrant
+
+    def block(self, h):
+        return torch.relu(self.shared(h))
+
+    def forward(self, x):
+        h = self.inp(x)
+        h = checkpoint(self.block, h, use_reentrant=self.reentrant)
+        h = checkpoint(self.block, h, use_reentrant=self.reentrant)
+        return self.out(h)

@@ -87,9 +87,9 @@ def test_counted_load_counts_the_file():
 
 
 def test_every_checkpoint_part_matters_and_all_of_them_resume_exactly():
-    from ddp_lab.experiments import nb06_what_to_save
+    from ddp_lab import checkpoint_parts
 
-    diffs = nb06_what_to_save.run()["max_abs_diff"]
+    diffs = checkpoint_parts.leave_one_out()["max_abs_diff"]
     assert diffs.pop("nothing") == 0.0
     assert all(d > 0 for d in diffs.values()), diffs
 

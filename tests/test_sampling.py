@@ -9,9 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from ddp_lab import launch, models, sampling
+from ddp_lab import launch, loading, models, sampling
 from ddp_lab.data import digits_tensors
-from ddp_lab.experiments import nb02_loader, nb02_metrics
 
 
 @pytest.mark.parametrize("n,W", [(10, 4), (297, 2), (8, 8), (3, 5)])
@@ -67,7 +66,7 @@ def test_balanced_sampler_is_complete_and_even(n, B, W):
 
 
 def test_balanced_sampler_balances_padded_cost():
-    lengths, _ = nb02_metrics.sequences()
+    lengths = sampling.sequence_lengths()
     B, W = 8, 2
     naive = []
     for r in range(W):
@@ -88,8 +87,8 @@ def test_balanced_sampler_rejects_bad_arguments():
 
 
 def test_loader_measurement_delivers_the_same_data_from_workers():
-    results = {r["config"]: r for r in nb02_loader.measure_all()}
-    expected = sorted(list(range(nb02_loader.SAMPLES)) * nb02_loader.EPOCHS)
+    results = {r["config"]: r for r in loading.measure_all()}
+    expected = sorted(list(range(loading.SAMPLES)) * loading.EPOCHS)
     assert all(sorted(r["indices"]) == expected for r in results.values())
     assert results["num_workers=0"]["loader_pids"] == [os.getpid()]
     assert len(results["+ persistent_workers"]["loader_pids"]) == 2

@@ -13,6 +13,7 @@ One launch records four things (run.select(kind=...)):
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import random
 import time
@@ -190,7 +191,8 @@ def bytes_per_step(make, x, y, device) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)
     with runtime.distributed() as ctx:
         seed_and_grad(ctx)
         modes = ["no_broadcast", "broadcast"] + (["sync_bn"] if ctx.device.type == "cuda" else [])

@@ -7,22 +7,22 @@ so the ranks evaluate exactly the model the notebook evaluates in one process.
 Records (run.select(kind=...)):
   eval     accuracy/loss through DistributedSampler (padded) and exactly once
   loss     uneven shards: this rank's mean, the mean of means, all_reduce([sum, count])
-  steps    variable-length batches: per-step compute and wait seconds per rank,
-           with DistributedSampler and with sampling.LengthBalancedSampler
+  steps    variable-length batches (sampling.sequence_lengths(), sampling.SEQ_BATCH per rank):
+           per-step compute and wait seconds per rank, with DistributedSampler and with
+           sampling.LengthBalancedSampler
 """
-import sys
+import argparse
 import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler
 
 from ddp_lab import models, runtime, sampling
 from ddp_lab.data import digits_tensors
 
-SEQS, BATCH, FEATURES = 128, 8, 16   # variable-length sequences for the straggler part
+FEATURES = 16   # per token, for the straggler part
 
 
 def honest_eval(ctx, model) -> None:
@@ -49,25 +49,18 @@ def global_loss(ctx, model) -> None:
                sum_over_count=runtime.all_reduce_mean([loss_sum, count]))
 
 
-def sequences():
-    """Long-tailed lengths (16..512), like sentences: a few long ones dominate a batch's cost."""
-    g = torch.Generator().manual_seed(0)
-    lengths = (torch.empty(SEQS).log_normal_(4.8, 0.5, generator=g)).clamp(16, 512).long()
-    return lengths, g
-
-
 def per_token_net() -> nn.Module:
     torch.manual_seed(0)  # cost grows with padded tokens: batch x longest sequence
     return nn.Sequential(nn.Linear(FEATURES, 2048), nn.ReLU(), nn.Linear(2048, FEATURES))
 
 
 def straggler(ctx) -> None:
-    lengths, _ = sequences()
+    lengths, B = sampling.sequence_lengths(), sampling.SEQ_BATCH
     net = per_token_net()
-    naive = DistributedSampler(range(SEQS), shuffle=True, seed=0)
+    naive = DistributedSampler(range(len(lengths)), shuffle=True, seed=0)
     idx = list(naive)
-    plans = {"DistributedSampler": [idx[i:i + BATCH] for i in range(0, len(idx), BATCH)],
-             "LengthBalancedSampler": list(sampling.LengthBalancedSampler(lengths, BATCH))}
+    plans = {"DistributedSampler": [idx[i:i + B] for i in range(0, len(idx), B)],
+             "LengthBalancedSampler": list(sampling.LengthBalancedSampler(lengths, B))}
     for name, batches in plans.items():
         dist.barrier()
         for step, batch in enumerate(batches):
@@ -84,10 +77,13 @@ def straggler(ctx) -> None:
                        compute_s=t1 - t0, wait_s=t2 - t1)
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkpoint", help="a state_dict of models.mlp(), saved with torch.save")
+    args = parser.parse_args(argv)
     with runtime.distributed() as ctx:
         model = models.mlp()
-        model.load_state_dict(torch.load(sys.argv[1], map_location="cpu"))
+        model.load_state_dict(torch.load(args.checkpoint, map_location="cpu"))
         honest_eval(ctx, model)
         global_loss(ctx, model)
         straggler(ctx)

@@ -36,10 +36,6 @@ BATCH = 32
 VARIANTS = {"divide_by_initial_world_size=True (default)": {},
             "divide_by_initial_world_size=False": {"divide_by_initial_world_size": False}}
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--fix", choices=["none", "join"], default="none")
-args = parser.parse_args()
-
 
 def flat_grad(module) -> list:
     return torch.cat([p.grad.flatten() for p in module.parameters()]).tolist()
@@ -79,7 +75,15 @@ def train(ctx, variant: str | None) -> None:
     del model, optimizer
 
 
-with runtime.distributed() as ctx:
-    for variant in (VARIANTS if args.fix == "join" else [None]):
-        train(ctx, variant)
-    ctx.print0("all ranks finished")
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--fix", choices=["none", "join"], default="none")
+    args = parser.parse_args(argv)
+    with runtime.distributed() as ctx:
+        for variant in (VARIANTS if args.fix == "join" else [None]):
+            train(ctx, variant)
+        ctx.print0("all ranks finished")
+
+
+if __name__ == "__main__":
+    main()

@@ -24,18 +24,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_lab import buckets, models, runtime
 from ddp_lab.data import digits_tensors
 
-# A CPU lesson: gloo and CPU tensors even on a GPU machine (one GPU cannot host two NCCL
-# ranks, and the measurements compare with the CPU numbers elsewhere in the notebook).
-os.environ.setdefault(runtime.BACKEND_ENV, "gloo")
-
-p = argparse.ArgumentParser()
-p.add_argument("--steps", type=int, default=3)             # timed steps per variant (+1 warm-up)
-p.add_argument("--batch", type=int, default=32)
-p.add_argument("--caps", default="1,5,25,100")              # bucket_cap_mb sweep
-p.add_argument("--epochs", type=int, default=2)             # compression run
-p.add_argument("--delays", default="0,0.05,0.1")            # straggler sleep, seconds
-args = p.parse_args()
-
 
 def batches(rank, n, batch, seed=0):
     """This rank's own fixed inputs (different per rank, like a sharded loader)."""
@@ -71,14 +59,8 @@ def median_step(marks):
     return statistics.median(m["t1"] - m["t0"] for m in marks[1:])
 
 
-with runtime.distributed() as ctx:
-    torch.manual_seed(0)
-    base = buckets.deep_mlp()
-    data = batches(ctx.rank, args.steps + 1, args.batch)
-    ctx.record(kind="model", n_params=models.n_params(base),
-               tensor_bytes=[q.numel() * q.element_size() for q in base.parameters()])
-
-    # 1. Three data-parallel implementations from the same start.
+def compare_implementations(ctx, base, data) -> None:
+    """1. Three data-parallel implementations from the same start."""
     naive = copy.deepcopy(base)
     t_naive = train(naive, data, sync=buckets.all_reduce_grads)
     hand = copy.deepcopy(base)
@@ -94,8 +76,10 @@ with runtime.distributed() as ctx:
                         ("hand-written buckets + hooks", t_hand), ("DDP", t_ddp)):
         ctx.record(kind="step_time", variant=name, median_s=median_step(marks), marks=marks)
 
-    # 2. DDP's buckets as the comm hook sees them; timeline of one step.
-    for cap in [None] + [float(c) for c in args.caps.split(",")]:
+
+def bucket_timelines(ctx, base, data, caps) -> None:
+    """2. DDP's buckets as the comm hook sees them; timeline of one step."""
+    for cap in [None] + caps:
         log = []
         model = DDP(copy.deepcopy(base), bucket_cap_mb=cap)
         model.register_comm_hook(None, buckets.recording_hook(log))
@@ -108,7 +92,9 @@ with runtime.distributed() as ctx:
             ctx.record(kind="bucket", cap=cap, iteration=it, **rec)
         del model
 
-    # 3. Gradient compression: the same short training run, three comm hooks.
+
+def compression(ctx, epochs: int) -> None:
+    """3. Gradient compression: the same short training run, three comm hooks."""
     X, y = digits_tensors("train")
     Xv, yv = digits_tensors("val")
     shard = slice(ctx.rank, None, ctx.world_size)
@@ -124,7 +110,7 @@ with runtime.distributed() as ctx:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
         steps = 0
         with buckets.CountingAllReduce() as count:
-            for epoch in range(args.epochs):
+            for epoch in range(epochs):
                 g = torch.Generator().manual_seed(epoch)
                 for idx in torch.randperm(len(y), generator=g).split(32):
                     optimizer.zero_grad(set_to_none=True)
@@ -141,10 +127,12 @@ with runtime.distributed() as ctx:
                    steps=steps, val_acc=acc, val_loss=val_loss,
                    max_weight_diff=(flat_weights(model) - fp32_weights).abs().max().item())
 
-    # 4. Straggler: rank 1 is slow; time each rank spends inside the all-reduce.
+
+def straggler(ctx, delays) -> None:
+    """4. Straggler: rank 1 is slow; time each rank spends inside the all-reduce."""
     grad = torch.randn(256 * 1024)  # 1 MB of "gradient"
     w = torch.randn(256, 256)
-    for delay in [float(d) for d in args.delays.split(",")]:
+    for delay in delays:
         for step in range(3):
             dist.barrier()
             t0 = time.perf_counter()
@@ -156,4 +144,32 @@ with runtime.distributed() as ctx:
             dist.all_reduce(grad)
             t2 = time.perf_counter()
             ctx.record(kind="straggler", delay=delay, step=step, compute_s=t1 - t0, wait_s=t2 - t1)
-    ctx.print0("buckets, compression and straggler measurements done")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=3)             # timed steps per variant (+1 warm-up)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--caps", default="1,5,25,100")              # bucket_cap_mb sweep
+    p.add_argument("--epochs", type=int, default=2)             # compression run
+    p.add_argument("--delays", default="0,0.05,0.1")            # straggler sleep, seconds
+    args = p.parse_args(argv)
+    # A CPU lesson: gloo and CPU tensors even on a GPU machine (one GPU cannot host two NCCL
+    # ranks, and the measurements compare with the CPU numbers elsewhere in the notebook).
+    os.environ.setdefault(runtime.BACKEND_ENV, "gloo")
+    with runtime.distributed() as ctx:
+        # Every DDP model lives in one section's function: freed before the group is destroyed.
+        torch.manual_seed(0)
+        base = buckets.deep_mlp()
+        data = batches(ctx.rank, args.steps + 1, args.batch)
+        ctx.record(kind="model", n_params=models.n_params(base),
+                   tensor_bytes=[q.numel() * q.element_size() for q in base.parameters()])
+        compare_implementations(ctx, base, data)
+        bucket_timelines(ctx, base, data, [float(c) for c in args.caps.split(",")])
+        compression(ctx, args.epochs)
+        straggler(ctx, [float(d) for d in args.delays.split(",")])
+        ctx.print0("buckets, compression and straggler measurements done")
+
+
+if __name__ == "__main__":
+    main()

@@ -19,26 +19,14 @@ import torch.distributed as dist
 
 from ddp_lab import ring, runtime
 
-# A CPU lesson: gloo and CPU tensors even on a GPU machine (one GPU cannot host two NCCL
-# ranks, and the measurements compare with the CPU numbers elsewhere in the notebook).
-os.environ.setdefault(runtime.BACKEND_ENV, "gloo")
-
-p = argparse.ArgumentParser()
-p.add_argument("--numel", type=int, default=1003)            # not divisible by 2, 3 or 4
-p.add_argument("--bw-bytes", type=int, default=4 * 2**20)    # size for the algbw/busbw table
-p.add_argument("--iters", type=int, default=8)
-p.add_argument("--sweep", default="4K,16K,64K,256K,1M,4M,16M")  # all_reduce sizes on 2 ranks
-args = p.parse_args()
-
-with runtime.distributed() as ctx:
-    # new_group must be called by every rank, in the same order, even by non-members.
-    groups = {n: dist.new_group(list(range(n))) for n in range(2, ctx.world_size + 1)}
+def check(ctx, groups, numel: int) -> None:
+    """The hand-built ring against dist.all_reduce, on every ring size N."""
     for n, group in groups.items():
         if ctx.rank < n:
             g = torch.Generator().manual_seed(1000 * n + ctx.rank)
             # Integer-valued floats add exactly in any order: the two results must be identical.
-            ints = torch.randint(-100, 100, (args.numel,), generator=g).float()
-            floats = torch.randn(args.numel, generator=g, dtype=torch.float64)
+            ints = torch.randint(-100, 100, (numel,), generator=g).float()
+            floats = torch.randn(numel, generator=g, dtype=torch.float64)
             mine, theirs = ints.clone(), ints.clone()
             info = ring.all_reduce_p2p(mine, group=group)
             dist.all_reduce(theirs, group=group)
@@ -50,18 +38,22 @@ with runtime.distributed() as ctx:
                        bytes_sent=info["bytes_sent"], steps=info["steps"],
                        nbytes=ints.numel() * ints.element_size())
         dist.barrier()
-    # Bandwidth per ring size, and the hand-built ring against the library, same tensor.
-    # Interleaved: every round times each (N, implementation) once, so a machine that gets
-    # busier or quieter during the run slows every variant alike and their ratios hold.
-    x = torch.ones(args.bw_bytes // 4)
+
+
+def bandwidth(ctx, groups, nbytes: int, iters: int) -> None:
+    """Bandwidth per ring size, and the hand-built ring against the library, same tensor.
+
+    Interleaved: every round times each (N, implementation) once, so a machine that gets
+    busier or quieter during the run slows every variant alike and their ratios hold."""
+    x = torch.ones(nbytes // 4)
     variants = [(n, label) for n in groups for label in ("all_reduce", "p2p_ring")]
     def call(n, label):
         if label == "all_reduce":
             dist.all_reduce(x, group=groups[n])
         else:
             ring.all_reduce_p2p(x, group=groups[n])
-    times = {v: torch.zeros(args.iters, dtype=torch.float64) for v in variants}
-    for i in range(-1, args.iters):  # round -1 is the warm-up
+    times = {v: torch.zeros(iters, dtype=torch.float64) for v in variants}
+    for i in range(-1, iters):  # round -1 is the warm-up
         for n, label in variants:
             if ctx.rank < n:
                 x.fill_(1.0)
@@ -79,24 +71,53 @@ with runtime.distributed() as ctx:
                 ctx.record(kind="bw", n=n, impl=label, bytes=x.numel() * 4,
                            time_s=times[n, label].median().item())
         dist.barrier()
-    # The size sweep on ranks 0 and 1, interleaved in the same way, for the cost model.
-    units = {"K": 2**10, "M": 2**20}
-    sizes = [int(t[:-1]) * units[t[-1]] if t[-1] in units else int(t) for t in args.sweep.split(",")]
+
+
+def sweep(ctx, pair, sizes: list[int], iters: int) -> None:
+    """The size sweep on ranks 0 and 1, interleaved in the same way, for the cost model."""
     bufs = {b: torch.ones(b // 4) for b in sizes}
-    sweep = {b: torch.zeros(args.iters, dtype=torch.float64) for b in sizes}
-    for i in range(-1, args.iters):
+    times = {b: torch.zeros(iters, dtype=torch.float64) for b in sizes}
+    for i in range(-1, iters):
         for b in sizes:
             if ctx.rank < 2:
-                dist.barrier(group=groups[2])
+                dist.barrier(group=pair)
                 t0 = time.perf_counter()
-                dist.all_reduce(bufs[b], group=groups[2])
+                dist.all_reduce(bufs[b], group=pair)
                 if i >= 0:
-                    sweep[b][i] = time.perf_counter() - t0
+                    times[b][i] = time.perf_counter() - t0
             dist.barrier()
     for b in sizes:
         if ctx.rank < 2:
-            dist.all_reduce(sweep[b], op=dist.ReduceOp.MAX, group=groups[2])
+            dist.all_reduce(times[b], op=dist.ReduceOp.MAX, group=pair)
             if ctx.rank == 0:
-                ctx.record(kind="sweep", n=2, bytes=b, time_s=sweep[b].median().item())
+                ctx.record(kind="sweep", n=2, bytes=b, time_s=times[b].median().item())
         dist.barrier()
-    ctx.print0(f"p2p ring checked against dist.all_reduce for N = 2..{ctx.world_size}")
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size such as 4K, 16M or 100."""
+    units = {"K": 2**10, "M": 2**20}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--numel", type=int, default=1003)            # not divisible by 2, 3 or 4
+    p.add_argument("--bw-bytes", type=int, default=4 * 2**20)    # size for the algbw/busbw table
+    p.add_argument("--iters", type=int, default=8)
+    p.add_argument("--sweep", default="4K,16K,64K,256K,1M,4M,16M")  # all_reduce sizes on 2 ranks
+    args = p.parse_args(argv)
+    # A CPU lesson: gloo and CPU tensors even on a GPU machine (one GPU cannot host two NCCL
+    # ranks, and the measurements compare with the CPU numbers elsewhere in the notebook).
+    os.environ.setdefault(runtime.BACKEND_ENV, "gloo")
+    with runtime.distributed() as ctx:
+        # new_group must be called by every rank, in the same order, even by non-members.
+        groups = {n: dist.new_group(list(range(n))) for n in range(2, ctx.world_size + 1)}
+        check(ctx, groups, args.numel)
+        bandwidth(ctx, groups, args.bw_bytes, args.iters)
+        sweep(ctx, groups[2], [parse_size(t) for t in args.sweep.split(",")], args.iters)
+        ctx.print0(f"p2p ring checked against dist.all_reduce for N = 2..{ctx.world_size}")
+
+
+if __name__ == "__main__":
+    main()

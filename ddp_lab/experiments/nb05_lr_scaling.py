@@ -26,20 +26,17 @@ from torch.utils.data import DistributedSampler
 from ddp_lab import data, models, runtime
 from ddp_lab.accumulation import RULES, GradientAccumulator
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--epochs", type=int, default=10)
-parser.add_argument("--warmup-epochs", type=int, default=3, help="for the run with warmup")
-parser.add_argument("--sgd-lr", type=float, default=0.1, help="base rate for SGD at the base batch")
-parser.add_argument("--adamw-lr", type=float, default=0.05, help="base rate for AdamW at the base batch")
-args = parser.parse_args()
-
 BASE = (64, 1)   # per-rank batch, micro-steps: 128 samples per step on 2 ranks
 BIG = (128, 2)   # 512 samples per step on 2 ranks: 4x the base batch
-RUNS = [("base", 0), ("none", args.warmup_epochs), ("sqrt", args.warmup_epochs),
-        ("linear", args.warmup_epochs), ("linear", 0)]
 
 
-def train_one(ctx, X, Y, Xv, Yv, optimizer_name, rule, warmup_epochs):
+def runs(warmup_epochs: int) -> list:
+    """(rule, warmup epochs) of every run, in order."""
+    return [("base", 0), ("none", warmup_epochs), ("sqrt", warmup_epochs),
+            ("linear", warmup_epochs), ("linear", 0)]
+
+
+def train_one(ctx, args, X, Y, Xv, Yv, optimizer_name, rule, warmup_epochs):
     b, K = BASE if rule == "base" else BIG
     growth = b * K * ctx.world_size / (BASE[0] * BASE[1] * ctx.world_size)
     base_lr = args.sgd_lr if optimizer_name == "sgd" else args.adamw_lr
@@ -96,14 +93,26 @@ def train_one(ctx, X, Y, Xv, Yv, optimizer_name, rule, warmup_epochs):
                f"peak lr {max(lr_used):.3g}, final val loss {val[-1][0] if val else float('nan'):.3f}")
 
 
-def main(ctx):
+def run(ctx, args):
+    # Models live in train_one, so they are freed before the process group is destroyed
     X, Y = data.digits_tensors("train")
     Xv, Yv = data.digits_tensors("val")
     X, Y, Xv, Yv = (t.to(ctx.device) for t in (X, Y, Xv, Yv))
     for optimizer_name in ("sgd", "adamw"):
-        for rule, warmup in RUNS:
-            train_one(ctx, X, Y, Xv, Yv, optimizer_name, rule, warmup)
+        for rule, warmup in runs(args.warmup_epochs):
+            train_one(ctx, args, X, Y, Xv, Yv, optimizer_name, rule, warmup)
 
 
-with runtime.distributed() as ctx:
-    main(ctx)
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--warmup-epochs", type=int, default=3, help="for the run with warmup")
+    parser.add_argument("--sgd-lr", type=float, default=0.1, help="base rate for SGD at the base batch")
+    parser.add_argument("--adamw-lr", type=float, default=0.05, help="base rate for AdamW at the base batch")
+    args = parser.parse_args(argv)
+    with runtime.distributed() as ctx:
+        run(ctx, args)
+
+
+if __name__ == "__main__":
+    main()

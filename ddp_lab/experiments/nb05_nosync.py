@@ -24,12 +24,6 @@ from ddp_lab import data, models, runtime
 from ddp_lab.accumulation import (AllReduceCounter, ArticleGradientAccumulator, GradientAccumulator,
                                   survey_article_loop)
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--model", default="wide_mlp", choices=["mlp", "cnn", "wide_mlp"])
-parser.add_argument("--micro-batch", type=int, default=8)
-parser.add_argument("--accum-steps", type=int, default=4)
-parser.add_argument("--updates", type=int, default=3, help="timed optimizer steps per variant")
-args = parser.parse_args()
 VARIANTS = ("engineering", "survey", "fixed", "backward_only")
 
 
@@ -54,7 +48,7 @@ def run_window(variant, acc, model, batches):
                 acc.step(loss)
 
 
-def main(ctx):
+def run(ctx, args):
     # Models live in this function, so they are freed before the process group is destroyed
     X, Y = data.digits_tensors("train")
     X, Y = X[ctx.rank::ctx.world_size].to(ctx.device), Y[ctx.rank::ctx.world_size].to(ctx.device)  # this rank's shard
@@ -96,5 +90,16 @@ def main(ctx):
                    f"({buckets} bucket(s) per sync), {seconds * 1e3:6.0f} ms per update")
 
 
-with runtime.distributed() as ctx:
-    main(ctx)
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="wide_mlp", choices=["mlp", "cnn", "wide_mlp"])
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--accum-steps", type=int, default=4)
+    parser.add_argument("--updates", type=int, default=3, help="timed optimizer steps per variant")
+    args = parser.parse_args(argv)
+    with runtime.distributed() as ctx:
+        run(ctx, args)
+
+
+if __name__ == "__main__":
+    main()

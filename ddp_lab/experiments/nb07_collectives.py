@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab import runtime
+from ddp_lab.troubleshooting import LATE_RANK
 
 CASE_TIMEOUT = datetime.timedelta(seconds=3)
-LATE = 1  # the rank that never reaches the monitored barrier
 
 
 def group(detail: bool):
@@ -61,7 +61,7 @@ def fixed(ctx, g):
 
 
 def monitored(ctx, g):
-    if ctx.rank == LATE:                  # busy elsewhere (or stuck): never arrives
+    if ctx.rank == LATE_RANK:             # busy elsewhere (or stuck): never arrives
         return
     dist.monitored_barrier(group=g, timeout=CASE_TIMEOUT)
 
@@ -79,10 +79,10 @@ CASES = [("skip", skip_alone, False), ("skip_detail", skip, True), ("monitored",
          ("shape_detail", shape, True), ("dtype_detail", dtype, True)]
 
 
-def main():
-    parser = argparse.ArgumentParser()
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--abort", action="store_true", help="end with a mismatch on plain gloo")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with runtime.distributed() as ctx:
         for name, case, detail in CASES:
             g = group(detail)

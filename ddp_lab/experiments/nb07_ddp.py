@@ -15,7 +15,11 @@ raises and records it (kind="case"), so one launch shows them all:
   one_rank_step    optimizer.step() on rank 0 only, then on every rank: replica_check
   bn_buffers       BatchNorm with broadcast_buffers=False: replica_check names the buffers
   nan              a NaN in rank 1's batch, unchecked and checked with finite_everywhere
+
+The models TwoHeads (an auxiliary head used on even steps) and Twice (a layer in two
+checkpointed blocks) are in ddp_lab.troubleshooting, where the notebook reads their parameters.
 """
+import argparse
 import datetime
 import gc
 import time
@@ -26,10 +30,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.checkpoint import checkpoint
 
 from ddp_lab import runtime
-from ddp_lab.troubleshooting import finite_everywhere, replica_check
+from ddp_lab.troubleshooting import Twice, TwoHeads, finite_everywhere, replica_check
 
 ALIVE = []  # weak references to every DDP model built
 DEPTH = 40  # layers of the model timed with and without find_unused_parameters
@@ -48,36 +51,6 @@ def ddp(model, **kwargs):
 def batch(rank, step, n=16):
     g = torch.Generator().manual_seed(1000 * step + rank)  # each rank its own data, as in real DDP
     return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
-
-
-class TwoHeads(nn.Module):
-    """The auxiliary head runs only on even steps: its parameters get no gradient on odd ones."""
-
-    def __init__(self):
-        super().__init__()
-        self.body, self.head, self.aux = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(16, 4)
-
-    def forward(self, x, use_aux):
-        h = torch.relu(self.body(x))
-        return self.head(h) + (self.aux(h) if use_aux else 0)
-
-
-class Twice(nn.Module):
-    """One layer used twice, each use in its own checkpointed block (weight sharing)."""
-
-    def __init__(self, reentrant):
-        super().__init__()
-        self.inp, self.shared, self.out = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
-        self.reentrant = reentrant
-
-    def block(self, h):
-        return torch.relu(self.shared(h))
-
-    def forward(self, x):
-        h = self.inp(x)
-        h = checkpoint(self.block, h, use_reentrant=self.reentrant)
-        h = checkpoint(self.block, h, use_reentrant=self.reentrant)
-        return self.out(h)
 
 
 def train(model, rank, steps, forward=lambda m, x, s: m(x), step_on=None, lr=0.1):
@@ -213,7 +186,8 @@ def nan(ctx):
     return out
 
 
-def main():
+def main(argv=None):
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)
     gc.disable()  # section 7: no automatic collection, so the answer does not depend on timing
     with runtime.distributed() as ctx:
         case(ctx, "release", release)

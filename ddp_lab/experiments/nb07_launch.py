@@ -10,10 +10,10 @@ messages are the ones torchrun prints, in seconds instead of torchrun's 15-minut
 Last, wrapping in DDP with device_ids before moving the model to its GPU (section 8).
 Every case is recorded (kind="case") with the error it raised, or None.
 """
+import argparse
 import datetime
 import os
 import socket
-import sys
 
 import torch
 import torch.distributed as dist
@@ -80,8 +80,10 @@ TOGETHER = [("ifname_lo", ifname("lo")), ("ifname_missing", ifname("nosuch0")),
             ("ddp_before_to", ddp_before_to)]
 
 
-def main():
-    folder = sys.argv[1]
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("shared_dir", help="a folder both simulated nodes can write (section 8's files)")
+    folder = parser.parse_args(argv).shared_dir
     with runtime.distributed() as ctx:
         for cases in (ALONE[ctx.rank % 2], TOGETHER):
             for name, case in cases:

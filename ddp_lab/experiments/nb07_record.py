@@ -9,6 +9,7 @@ stderr only (lost among the ranks' output on a big job). With @record on main(),
 writes the exception to the file torchrun names in TORCHELASTIC_ERROR_FILE and torchrun puts
 the traceback in its summary.
 """
+import argparse
 import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -19,9 +20,15 @@ def load_config():
     return config["learning_rate"]          # the bug: a key that is not there
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--record", action="store_true", help="run main() decorated with @record")
+    parser.parse_args(argv)
     load_config()
 
 
 if __name__ == "__main__":
-    (record(main) if "--record" in sys.argv else main)()
+    # In a real program main() is always decorated (`@record` above `def main`). Here the flag
+    # picks, so one file shows both summaries; it is read before main() runs because @record
+    # wraps main() itself. main() parses it again, with the rest of its arguments.
+    (record(main) if "--record" in sys.argv[1:] else main)()
