@@ -1,6 +1,7 @@
 """The `ddp-lab` command: tools you run on your own work, one subcommand each.
 
     ddp-lab check train.py launch.sh     # static checker for the classic DDP bugs
+    ddp-lab doctor [--json]              # pre-flight checklist of this machine (runs an all-reduce)
 
 A subcommand is a module with add_arguments(parser) and run(args) -> exit status; add one
 by listing it in SUBCOMMANDS.
@@ -14,6 +15,7 @@ import sys
 # name -> (module with add_arguments(parser) and run(args), one-line help)
 SUBCOMMANDS = {
     "check": ("ddp_lab.check.report", "find the classic DDP bugs in scripts and notebooks (nothing runs)"),
+    "doctor": ("ddp_lab.doctor", "check this machine before a DDP job: versions, GPUs, a real all-reduce, limits"),
 }
 
 

@@ -1,7 +1,7 @@
 """Start a real multi-process job from a notebook cell, safely.
 
     from ddp_lab import launch
-    run = launch.torchrun("-m ddp_lab.experiments.hello", nproc=2)
+    run = launch.torchrun("-m ddp_lab.experiments.nb00_hello", nproc=2)
     run.records          # JSON lines the ranks wrote, each with a "rank" field
 
 Why not `!torchrun prog.py` in a cell? A failing `!` command does not fail the

@@ -13,7 +13,7 @@ from ddp_lab import launch
 
 
 def test_first_launch_collects_records_from_every_rank():
-    run = launch.torchrun("-m ddp_lab.experiments.hello", nproc=2, stream=False)
+    run = launch.torchrun("-m ddp_lab.experiments.nb00_hello", nproc=2, stream=False)
     assert run.returncode == 0
     who = run.select(kind="whoami")
     assert sorted(r["RANK"] for r in who) == [0, 1]
@@ -26,7 +26,7 @@ def test_first_launch_collects_records_from_every_rank():
 
 
 def test_live_output_is_prefixed_by_rank(capsys):
-    launch.torchrun("-m ddp_lab.experiments.hello", nproc=2)
+    launch.torchrun("-m ddp_lab.experiments.nb00_hello", nproc=2)
     out = capsys.readouterr().out.splitlines()
     mine = [line for line in out if "pid" in line]
     assert sorted(line.split("]")[0] for line in mine) == ["[rank 0", "[rank 1"]
@@ -119,7 +119,7 @@ def test_two_launches_at_once_get_their_own_ports():
 
 
 def test_two_node_simulation_has_world_size_four():
-    run = launch.torchrun("-m ddp_lab.experiments.hello", nproc=2, nnodes=2, stream=False)
+    run = launch.torchrun("-m ddp_lab.experiments.nb00_hello", nproc=2, nnodes=2, stream=False)
     who = run.select(kind="whoami")
     assert sorted(r["RANK"] for r in who) == [0, 1, 2, 3]
     assert {r["WORLD_SIZE"] for r in who} == {4}

@@ -11,7 +11,7 @@ from ddp_lab import launch, runtime
 
 def test_unlaunched_program_is_a_world_of_one(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "DDP_LAB_RECORDS": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "ddp_lab.experiments.hello"], env=env,
+    out = subprocess.run([sys.executable, "-m", "ddp_lab.experiments.nb00_hello"], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "rank 0/1" in out.stdout and "all_reduce(rank ids) = 0" in out.stdout

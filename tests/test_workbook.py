@@ -28,3 +28,30 @@ def test_renders_executed_html_and_names_a_failing_notebook(tmp_path, monkeypatc
     assert timings["00_ok.ipynb"]["title"] == "A tiny lesson"
     assert "01_bad.ipynb" in capsys.readouterr().err
     assert "00_ok.html" in (out / "index.html").read_text()
+
+
+def test_make_workbook_end_to_end_on_a_real_notebook(tmp_path):
+    """What `make workbook` runs, in its own process, on a real notebook of the workbook (a short one)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    name = "10_laptop_to_cluster_solutions.ipynb"
+    src = tmp_path / "notebooks"
+    (src / "solutions").mkdir(parents=True)
+    nb = nbformat.read(workbook.NOTEBOOKS / "solutions" / name, as_version=4)
+    for cell in nb.cells:                     # no stored outputs: what the page shows, execution made
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nbformat.write(nb, src / "solutions" / name)
+    out = tmp_path / "build" / "workbook"
+    code = ("import sys; from pathlib import Path; from ddp_lab import workbook; "
+            "workbook.NOTEBOOKS = Path(sys.argv[1]); sys.exit(workbook.main(sys.argv[2:]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(src), str(out)], capture_output=True, text=True,
+                          timeout=600, cwd=Path(workbook.__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (out / name.replace(".ipynb", ".html")).read_text()
+    assert "DDP101" in page                   # an output only a real execution of the cells prints
+    (timing,) = json.loads((out / "timings.json").read_text())
+    assert timing["ok"] and timing["seconds"] > 0 and timing["title"] == "10 · Solutions"
+    assert name.replace(".ipynb", ".html") in (out / "index.html").read_text()

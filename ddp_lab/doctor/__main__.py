@@ -1,0 +1,5 @@
+import sys
+
+from ddp_lab.doctor import main
+
+sys.exit(main())

@@ -1,0 +1,88 @@
+"""A real all-reduce between two processes on this machine, timed: `ddp-lab doctor`'s network check.
+
+    python -m ddp_lab.doctor.allreduce RANK WORLD PORT BACKEND MEGABYTES   # what measure() starts
+
+measure() starts WORLD copies of this module, which meet at a TCPStore on 127.0.0.1:PORT,
+check that the sum is right, then time ITERS all-reduces of MEGABYTES of float32. Rank 0
+prints one JSON line. Bus bandwidth is the algorithm bandwidth (bytes / time) times
+2(N-1)/N, the bytes each rank really sends in a ring (notebook 03).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+ITERS = 5
+WORKER_TIMEOUT_S = 60  # to meet the other rank (it may still be importing torch) and for each collective
+
+
+def measure(world: int = 2, backend: str = "gloo", megabytes: float = 16, timeout: float = 90) -> dict:
+    """Run the all-reduce in `world` fresh processes; {'ok', 'busbw_gbs', 'algbw_gbs', 'seconds', 'error'}.
+
+    A rank that cannot reach the other fails by itself after WORKER_TIMEOUT_S (with the store's or
+    gloo's message); `timeout` only backs that up, generous because importing torch in two fresh
+    processes takes seconds on a laptop and much longer on a machine that is busy with other jobs.
+    """
+    from ddp_lab.launch import free_port
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "ddp_lab.doctor.allreduce", str(r), str(world), str(port),
+                               backend, str(megabytes)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) for r in range(world)]
+    outs, deadline = [], time.time() + timeout
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=max(1.0, deadline - time.time())))
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"no result within {timeout:g} s (a stuck rank? a machine too busy?)"}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(p.returncode for p in procs):
+        err = next(e for p, (_, e) in zip(procs, outs) if p.returncode)
+        return {"ok": False, "error": (err.strip().splitlines() or ["exit code non-zero"])[-1][:300]}
+    return {"ok": True, **json.loads(outs[0][0].strip().splitlines()[-1])}
+
+
+def worker(rank: int, world: int, port: int, backend: str, megabytes: float) -> None:
+    import torch
+    import torch.distributed as dist
+    timeout = datetime.timedelta(seconds=WORKER_TIMEOUT_S)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timeout)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    try:
+        x = torch.full((1,), float(rank + 1), device=device)
+        dist.all_reduce(x)
+        if x.item() != world * (world + 1) / 2:
+            raise RuntimeError(f"all_reduce returned {x.item()}, expected {world * (world + 1) / 2}")
+        data = torch.ones(int(megabytes * 2**20 / 4), device=device)
+        dist.all_reduce(data)                            # warm-up: connections, buffers
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(ITERS):
+            dist.all_reduce(data)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = (time.perf_counter() - start) / ITERS
+        algbw = data.numel() * 4 / seconds / 1e9
+        if rank == 0:
+            print(json.dumps({"seconds": seconds, "megabytes": megabytes, "world": world, "backend": backend,
+                              "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (world - 1) / world}), flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    r, w, p, b, mb = sys.argv[1:6]
+    worker(int(r), int(w), int(p), b, float(mb))

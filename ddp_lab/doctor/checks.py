@@ -1,0 +1,220 @@
+"""The pre-flight checks, one function each: every one returns a Check (pass, warn, fail or skip)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GIB = 2**30
+
+
+@dataclass
+class Check:
+    name: str
+    status: str          # "pass", "warn", "fail", or "skip" (does not apply here)
+    detail: str
+    fix: str = ""
+    data: dict | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def python_version(plan) -> Check:
+    v = sys.version_info
+    ok = v >= (3, 10)
+    return Check("python", "pass" if ok else "fail", f"Python {v.major}.{v.minor}.{v.micro} at {sys.executable}",
+                 "" if ok else "install Python 3.10 or newer and recreate the environment")
+
+
+def torch_version(plan) -> Check:
+    import torch
+    major, minor = (int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+    ok = (major, minor) >= (2, 4)
+    cuda = torch.version.cuda or "none (CPU build)"
+    return Check("torch", "pass" if ok else "fail", f"torch {torch.__version__}, built for CUDA {cuda}",
+                 "" if ok else "pip install 'torch>=2.4'", {"torch": torch.__version__, "cuda": torch.version.cuda})
+
+
+def _nvidia_smi() -> str | None:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        return subprocess.run([exe], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def driver(plan) -> Check:
+    import torch
+    smi = _nvidia_smi()
+    if smi is None:
+        return Check("driver", "skip", "no nvidia-smi: no NVIDIA driver on this machine (CPU + gloo)")
+    m = re.search(r"Driver Version:\s*([\d.]+).*?CUDA Version:\s*([\d.]+)", smi)
+    if not m:
+        return Check("driver", "warn", "nvidia-smi printed no driver version", "run nvidia-smi and read its error")
+    drv, drv_cuda = m.groups()
+    runtime = torch.version.cuda
+    if runtime is None:
+        return Check("driver", "warn", f"driver {drv} (CUDA {drv_cuda}), but torch is a CPU build",
+                     "install the CUDA wheel of torch (pytorch.org, 'Get started')")
+    ok = tuple(map(int, drv_cuda.split(".")[:2])) >= tuple(map(int, runtime.split(".")[:2]))
+    return Check("driver", "pass" if ok else "fail",
+                 f"driver {drv} supports CUDA up to {drv_cuda}; torch's runtime is CUDA {runtime}",
+                 "" if ok else f"update the NVIDIA driver, or install a torch wheel built for CUDA <= {drv_cuda}")
+
+
+def gpus(plan) -> Check:
+    import torch
+    if not torch.cuda.is_available():
+        return Check("gpus", "skip", "no CUDA device visible: programs use the CPU and gloo")
+    props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    kinds = {(p.name, round(p.total_memory / GIB)) for p in props}
+    detail = f"{len(props)} GPU(s): " + ", ".join(f"{n} {m} GiB" for n, m in sorted(kinds))
+    data = {"count": len(props), "gpus": [{"name": p.name, "memory_gib": round(p.total_memory / GIB, 1)} for p in props]}
+    if len(kinds) > 1:
+        return Check("gpus", "warn", detail + " (not all alike)",
+                     "the slowest or smallest GPU sets the pace of every step; use alike GPUs "
+                     "(CUDA_VISIBLE_DEVICES) or expect stragglers", data)
+    if plan.nproc > len(props):
+        return Check("gpus", "warn", detail + f", {plan.nproc} processes planned",
+                     f"NCCL needs one GPU per process: --nproc {len(props)}", data)
+    return Check("gpus", "pass", detail, data=data)
+
+
+def backends(plan) -> Check:
+    import torch.distributed as dist
+    have = [b for b, f in (("gloo", dist.is_gloo_available), ("nccl", dist.is_nccl_available),
+                           ("mpi", dist.is_mpi_available)) if f()]
+    if "gloo" not in have:
+        return Check("backends", "fail", f"available: {have or 'none'}; gloo is missing",
+                     "install the official torch wheel (gloo ships with it)", {"available": have})
+    import torch
+    if torch.cuda.is_available() and "nccl" not in have:
+        return Check("backends", "warn", f"available: {', '.join(have)}; GPUs but no NCCL",
+                     "install a CUDA build of torch on Linux for NCCL", {"available": have})
+    return Check("backends", "pass", f"available: {', '.join(have)}", data={"available": have})
+
+
+def allreduce(plan) -> list[Check]:
+    from ddp_lab.doctor.allreduce import measure
+    out = []
+    import torch
+    gpus_n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for backend in ("gloo", "nccl"):
+        if backend == "nccl" and gpus_n < 2:
+            out.append(Check("allreduce_nccl", "skip", f"{gpus_n} GPU(s): an NCCL all-reduce needs two"))
+            continue
+        r = measure(2, backend, megabytes=64 if backend == "nccl" else 16)
+        if not r["ok"]:
+            out.append(Check(f"allreduce_{backend}", "fail", f"2-process {backend} all-reduce failed: {r['error']}",
+                             "run notebook 07 section 4; try GLOO_SOCKET_IFNAME=lo (or NCCL_SOCKET_IFNAME)", r))
+            continue
+        detail = (f"2 processes, {r['megabytes']:g} MB: {r['seconds'] * 1e3:.1f} ms, "
+                  f"bus bandwidth {r['busbw_gbs']:.2f} GB/s")
+        out.append(Check(f"allreduce_{backend}", "pass", detail, data=r))
+    return out
+
+
+def master_port(plan) -> Check:
+    addr, port = plan.master_addr, plan.master_port
+    try:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((socket.gethostbyname(addr), port))
+    except OSError as e:
+        return Check("master_port", "warn", f"{addr}:{port} is not free here ({e.strerror or e})",
+                     "another job holds it: pick another --master_port, or --standalone on one node; "
+                     "`ss -ltnp` shows the owner")
+    return Check("master_port", "pass", f"{addr}:{port} is free to listen on")
+
+
+def hostname(plan) -> Check:
+    name = socket.gethostname()
+    try:
+        ip = socket.gethostbyname(name)
+    except OSError as e:
+        return Check("hostname", "fail", f"{name!r} does not resolve ({e})",
+                     f"add '{name}' to /etc/hosts, or use an IP address as MASTER_ADDR")
+    if ip.startswith("127.") and plan.nnodes > 1:
+        return Check("hostname", "warn", f"{name} resolves to {ip}, a loopback address",
+                     "other nodes cannot reach it by name: use this machine's LAN IP as MASTER_ADDR and set "
+                     "GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to its interface")
+    return Check("hostname", "pass", f"{name} resolves to {ip}")
+
+
+def shm(plan) -> Check:
+    if not Path("/dev/shm").exists():
+        return Check("shm", "skip", "no /dev/shm on this system (DataLoader workers use other shared memory)")
+    free = shutil.disk_usage("/dev/shm").total / GIB
+    if free < 1:
+        return Check("shm", "warn", f"/dev/shm is {free * 1024:.0f} MiB",
+                     "DataLoader workers pass batches through /dev/shm ('bus error' when it fills): "
+                     "docker run --shm-size=8g, or num_workers=0")
+    return Check("shm", "pass", f"/dev/shm is {free:.1f} GiB")
+
+
+def open_files(plan) -> Check:
+    try:
+        import resource
+    except ImportError:  # Windows
+        return Check("open_files", "skip", "no open-file limit to read on this system")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 1024 * max(1, plan.nproc)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        return Check("open_files", "warn", f"open-file limit {soft} (hard {hard}) for {plan.nproc} processes",
+                     f"ulimit -n {min(hard, 65536) if hard != resource.RLIM_INFINITY else 65536} before "
+                     "launching ('Too many open files' from DataLoader workers and sockets)")
+    return Check("open_files", "pass", f"open-file limit {soft} (hard {hard})")
+
+
+def cores(plan) -> Check:
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    data = {"cores": n, "nproc": plan.nproc, "threads_per_process": max(1, n // plan.nproc)}
+    if plan.nproc > n:
+        return Check("cores", "warn", f"{n} core(s) for {plan.nproc} processes: they will take turns",
+                     f"plan at most {n} CPU processes (or use GPUs); OMP_NUM_THREADS=1", data)
+    return Check("cores", "pass", f"{n} core(s) for {plan.nproc} processes: OMP_NUM_THREADS="
+                 f"{data['threads_per_process']} each", data=data)
+
+
+def disk(plan) -> Check:
+    folder = Path(plan.ckpt_dir)
+    while not folder.exists():
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free / GIB
+    if free < plan.min_free_gib:
+        return Check("disk", "warn", f"{free:.1f} GiB free in {folder} for checkpoints",
+                     f"free space or point --ckpt-dir elsewhere: a torn save can lose the last good checkpoint",
+                     {"free_gib": round(free, 1)})
+    return Check("disk", "pass", f"{free:.1f} GiB free in {folder}", data={"free_gib": round(free, 1)})
+
+
+def torchrun_on_path(plan) -> Check:
+    exe = shutil.which("torchrun")
+    if not exe:
+        return Check("torchrun", "warn", "no torchrun on PATH",
+                     f"use '{Path(sys.executable).name} -m torch.distributed.run' (same flags), or activate the env")
+    first = Path(exe).read_bytes()[:300].split(b"\n")[0].decode(errors="replace")
+    runs = first[2:].strip().split()[0] if first.startswith("#!") else exe
+    same = _same_python(runs, sys.executable)
+    if not same:
+        return Check("torchrun", "warn", f"torchrun on PATH ({exe}) runs {runs}, not this Python ({sys.executable})",
+                     "activate this environment first, or use 'python -m torch.distributed.run'",
+                     {"torchrun": exe, "python": runs})
+    return Check("torchrun", "pass", f"{exe} runs this Python", data={"torchrun": exe})
+
+
+def _same_python(a: str, b: str) -> bool:
+    # A venv's python is a symlink to the base interpreter: compare folders, not link targets.
+    return Path(a).absolute().parent == Path(b).absolute().parent
+
+
+ALL = [python_version, torch_version, driver, gpus, backends, allreduce, master_port, hostname, shm,
+       open_files, cores, disk, torchrun_on_path]

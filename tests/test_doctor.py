@@ -1,0 +1,109 @@
+"""`ddp-lab doctor`: the real run on this machine, and each check's warning when its problem is made."""
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from ddp_lab import cli, doctor
+from ddp_lab.doctor import allreduce, checks
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPECTED = {"python", "torch", "driver", "gpus", "backends", "allreduce_gloo", "allreduce_nccl", "master_port",
+            "hostname", "shm", "open_files", "cores", "disk", "torchrun"}
+
+
+def test_json_run_on_this_machine_with_a_real_allreduce(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ddp_lab.doctor", "--json", "--ckpt-dir", str(tmp_path),
+                           "--min-free-gib", "0"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    report = json.loads(proc.stdout)
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert set(by_name) == EXPECTED
+    assert proc.returncode == (0 if report["ok"] else 1)
+    assert all(c["status"] in ("pass", "warn", "fail", "skip") for c in report["checks"])
+    gloo = by_name["allreduce_gloo"]
+    assert gloo["status"] == "pass", gloo
+    assert gloo["data"]["world"] == 2 and gloo["data"]["busbw_gbs"] > 0
+    # two ranks: the ring's bus bandwidth equals the algorithm bandwidth (2(N-1)/N = 1)
+    assert abs(gloo["data"]["busbw_gbs"] - gloo["data"]["algbw_gbs"]) < 1e-9
+    assert by_name["disk"]["status"] == "pass"
+
+
+def test_allreduce_failure_is_reported_not_raised():
+    result = allreduce.measure(2, backend="no-such-backend", megabytes=1, timeout=60)
+    assert not result["ok"] and "no-such-backend" in result["error"].lower()
+
+
+def test_busy_port_warns_and_names_it():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        c = checks.master_port(doctor.plan(master_port=port))
+    assert c.status == "warn" and str(port) in c.detail and "--master_port" in c.fix
+    free = checks.master_port(doctor.plan(master_port=port))  # the socket is closed now
+    assert free.status == "pass"
+
+
+def test_too_many_processes_for_the_cores_and_the_file_limit():
+    n = checks.cores(doctor.plan()).data["cores"]
+    assert checks.cores(doctor.plan(nproc=n)).status == "pass"
+    over = checks.cores(doctor.plan(nproc=n + 1))
+    assert over.status == "warn" and f"{n} core" in over.detail
+    assert checks.open_files(doctor.plan(nproc=10**6)).status == "warn"
+
+
+def test_disk_and_unresolvable_hostname(tmp_path, monkeypatch):
+    assert checks.disk(doctor.plan(ckpt_dir=str(tmp_path / "not" / "yet"), min_free_gib=0)).status == "pass"
+    assert checks.disk(doctor.plan(ckpt_dir=str(tmp_path), min_free_gib=10**9)).status == "warn"
+
+    def no_dns(name):
+        raise socket.gaierror(-2, "Name or service not known")
+    monkeypatch.setattr(socket, "gethostbyname", no_dns)
+    c = checks.hostname(doctor.plan())
+    assert c.status == "fail" and "/etc/hosts" in c.fix
+
+
+def test_torchrun_of_another_python_is_named(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "torchrun"
+    fake.write_text("#!/opt/other-env/bin/python3\nprint('hi')\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    c = checks.torchrun_on_path(doctor.plan())
+    assert c.status == "warn" and "/opt/other-env/bin/python3" in c.detail
+    fake.write_text(f"#!{Path(sys.executable).parent / 'python3'}\nprint('hi')\n")
+    assert checks.torchrun_on_path(doctor.plan()).status == "pass"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert checks.torchrun_on_path(doctor.plan()).status == "warn"
+
+
+def test_cli_subcommand_and_a_broken_check_is_a_failure(capsys, monkeypatch):
+    rc = cli.main(["doctor", "--skip-allreduce"])
+    out = capsys.readouterr().out
+    assert rc == (1 if "FAIL " in out else 0) and "passed," in out and "allreduce" not in out
+
+    def broken(plan):
+        raise OSError("disk on fire")
+    monkeypatch.setattr(doctor, "ALL", [checks.python_version, broken])
+    assert cli.main(["doctor", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert not report["ok"]
+    assert report["checks"][1] == {**report["checks"][1], "name": "broken", "status": "fail"}
+    assert "disk on fire" in report["checks"][1]["detail"]
+
+
+def test_driver_older_than_the_cuda_runtime_fails(tmp_path, monkeypatch):
+    import torch
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Version: 12.2 |'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    old = checks.driver(doctor.plan())
+    assert old.status == "fail" and "12.2" in old.detail and "13.0" in old.detail and "driver" in old.fix
+    monkeypatch.setattr(torch.version, "cuda", "12.1")
+    assert checks.driver(doctor.plan()).status == "pass"
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert checks.driver(doctor.plan()).status == "warn"   # a GPU driver, and a CPU build of torch
