@@ -123,6 +123,7 @@ def cpu_support(grp):
 
 
 def run_all(grp):
+    """Every demo on the ranks of grp (a ddp_lab.beyond.Group: a job of its own inside a launch)."""
     tensor_demo(grp)
     cpu_support(grp)
     if grp.world_size == 2:

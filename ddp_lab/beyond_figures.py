@@ -1,0 +1,81 @@
+"""Figures of notebook 09: per-rank memory measured against predicted, losses, 3D parallelism.
+
+    from ddp_lab import beyond_figures as bf
+    bf.memory_bars(rows)      # rows: dicts with world, strategy, rank, measured {...}, predicted {...}
+    bf.losses(curves, ref)    # {label: [loss per step]}, the one-process reference
+    bf.three_d(dp=2, pp=2, tp=2)
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+KINDS = ("params", "grads", "optim")
+COLORS = {"params": "#4c72b0", "grads": "#dd8452", "optim": "#55a868"}
+NAMES = {"ddp": "DDP", "zero1": "DDP+ZeRO-1", "fsdp": "FSDP2"}
+SHORT = {"ddp": "DDP", "zero1": "ZeRO-1", "fsdp": "FSDP2"}
+
+
+def memory_bars(rows):
+    """Stacked bars of measured KB per rank (parameters, gradients, optimizer state); a black
+    outline marks the calculator's prediction of the total. One panel per world size."""
+    worlds = sorted({r["world"] for r in rows})
+    fig, axes = plt.subplots(1, len(worlds), figsize=(6 * len(worlds), 3.6), sharey=True, squeeze=False)
+    for ax, world in zip(axes[0], worlds):
+        mine = [r for r in rows if r["world"] == world]
+        labels = []
+        for i, r in enumerate(mine):
+            bottom = 0.0
+            for k in KINDS:
+                v = r["measured"][k] / 1e3
+                ax.bar(i, v, bottom=bottom, color=COLORS[k], label=k if i == 0 else None)
+                bottom += v
+            ax.bar(i, sum(r["predicted"].values()) / 1e3, fill=False, edgecolor="black", lw=1.2,
+                   label="predicted total" if i == 0 else None)
+            labels.append(f"{SHORT[r['strategy']]}\nr{r['rank']}")
+        ax.set_xticks(range(len(mine)), labels, fontsize=7)
+        ax.set_title(f"{world} ranks: bytes each rank holds after a step")
+        ax.set_ylabel("KB")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def losses(curves: dict, reference):
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot(reference, "k-", lw=4, alpha=0.25, label="one process, whole batch")
+    for (label, ys), marker in zip(curves.items(), "ox+^sv"):
+        ax.plot(ys, marker=marker, ls="none", label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("global mean loss")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def three_d(dp: int = 2, pp: int = 2, tp: int = 2):
+    """dp replicas (panels) x pp stages (columns) x tp shards (rows): rank numbers as Megatron-LM
+    orders them (tensor-parallel ranks adjacent, so they share a machine's fast links)."""
+    fig, axes = plt.subplots(1, dp, figsize=(3.6 * dp, 2.8), squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    for d, ax in enumerate(axes[0]):
+        ax.set_xlim(-0.2, pp * 1.5)
+        ax.set_ylim(-0.6, tp * 1.0 + 0.4)
+        ax.axis("off")
+        ax.set_title(f"data-parallel replica {d}", fontsize=9)
+        for s in range(pp):
+            for t in range(tp):
+                rank = d * pp * tp + s * tp + t
+                x, y = s * 1.5, (tp - 1 - t) * 1.0
+                ax.add_patch(Rectangle((x, y), 1.0, 0.8, color=cmap(s), alpha=0.35 + 0.3 * t / max(tp - 1, 1)))
+                ax.text(x + 0.5, y + 0.4, f"rank {rank}\nstage {s}, shard {t}",
+                        ha="center", va="center", fontsize=7)
+            if s < pp - 1:
+                ax.add_patch(FancyArrowPatch((s * 1.5 + 1.0, tp * 0.5 - 0.1), (s * 1.5 + 1.5, tp * 0.5 - 0.1),
+                                             arrowstyle="->", mutation_scale=12))
+        ax.text(0, -0.45, "columns: pipeline stages (send/recv)\nrows: tensor shards (all-reduce per layer)",
+                fontsize=7, va="center")
+    fig.suptitle(f"3D parallelism, {dp * pp * tp} ranks: same-position ranks of the replicas "
+                 f"all-reduce gradients (data parallel)", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,132 @@
+"""Notebook 09: the memory calculator, its per-tensor predictions, and the programs that measure them."""
+import math
+
+import pytest
+import torch
+
+from ddp_lab import beyond, beyond_tf, costmodel, launch
+
+GB = 1e9
+
+
+def test_bytes_per_parameter():
+    r = beyond.RECIPES
+    assert r["fp32+adam"].total == 16          # 4 weights + 4 grads + 4 m + 4 v
+    assert r["mixed+adam"].total == 16         # 2 + 2 + (4 master + 4 m + 4 v)
+    assert r["fp32+sgd"].total == 8
+    assert r["fp16 weights only"].total * 7e9 == 14 * GB   # the engineering article's 7B in fp16
+
+
+def test_zero_stages_match_the_zero_paper():
+    # Rajbhandari et al. 2020, Fig. 1: 7.5B parameters, 64 GPUs, K = 12 -> 120, 31.4, 16.6, 1.9 GB
+    r = beyond.RECIPES["mixed+adam"]
+    got = [beyond.per_device(7.5e9, 64, s, r)["total"] / GB for s in beyond.STRATEGIES]
+    assert [round(g, 1) for g in got] == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_per_device_parts_add_up_over_ranks():
+    r = beyond.RECIPES["fp32+adam"]
+    for s in beyond.STRATEGIES:
+        d = beyond.per_device(1000, 4, s, r)
+        assert d["total"] == pytest.approx(d["w"] + d["g"] + d["o"])
+    assert beyond.per_device(1000, 4, "zero3", r)["total"] * 4 == beyond.per_device(1000, 4, "ddp", r)["total"]
+
+
+def test_table_marks_what_fits():
+    text = beyond.table([1e9, 70e9], world=8, device_gb=80)
+    rows = text.splitlines()
+    assert "16.0*" in rows[4] and "1,120.0 " in rows[5] and "140.0 " in rows[5]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 10, 16, 257])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_fsdp_rows_follow_torch_chunk(rows, world):
+    chunks = torch.chunk(torch.empty(rows), world)
+    expect = [len(chunks[r]) if r < len(chunks) else 0 for r in range(world)]
+    assert [beyond.fsdp_rows(rows, world, r) for r in range(world)] == expect
+
+
+def test_zero_partition_matches_zero_redundancy_optimizer():
+    # ZeroRedundancyOptimizer's own partition, computed without a process group
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    params = [torch.nn.Parameter(torch.empty(n)) for n in (10, 300, 7, 300, 64, 1)]
+    for world in (2, 3, 4):
+        zero = object.__new__(ZeroRedundancyOptimizer)
+        zero.world_size, zero._partition_parameters_cache = world, []
+        zero.param_groups = [{"params": params}]
+        theirs = [[id(p) for p in group[0]["params"]] for group in zero._partition_parameters()]
+        ours = [[id(params[i]) for i in sorted(idx, key=lambda i: -params[i].numel())]
+                for idx in beyond.zero_partition([p.numel() for p in params], world)]
+        assert [sorted(t) for t in theirs] == [sorted(o) for o in ours]
+
+
+def test_rank_bytes_totals():
+    shapes = [(10, 4), (10,), (3, 10), (3,)]
+    numel = 40 + 10 + 30 + 3
+    ddp = beyond.rank_bytes(shapes, "ddp", 2, 0)
+    assert ddp == {"params": 4 * numel, "grads": 4 * numel, "optim": 8 * numel + 4 * 4}
+    for strategy in ("zero1", "fsdp"):
+        per_rank = [beyond.rank_bytes(shapes, strategy, 3, r) for r in range(3)]
+        assert sum(p["optim"] for p in per_rank) - 4 * 4 * (3 if strategy == "fsdp" else 1) == 8 * numel
+    assert sum(beyond.rank_bytes(shapes, "fsdp", 3, r)["params"] for r in range(3)) == 4 * numel
+
+
+def test_activation_formula_matches_what_autograd_saves():
+    model = beyond.build_model()
+    for batch in (1, 5, 32):
+        x = torch.randn(batch, beyond.WIDTHS[0])
+        assert beyond.saved_activation_floats(model, x) == beyond.mlp_activation_floats(beyond.WIDTHS, batch)
+
+
+def test_comm_cost_agrees_with_notebook_03_ring():
+    alpha, beta = 1e-4, 1e-9
+    for n in (2, 4, 8):
+        got = beyond.comm_cost([("all_reduce", 1e6)], n, alpha, beta)["seconds"]
+        assert got == pytest.approx(float(costmodel.ring(1e6, n, alpha, beta)))
+        half = beyond.comm_cost([("reduce_scatter", 1e6), ("all_gather", 1e6)], n, alpha, beta)["seconds"]
+        assert half == pytest.approx(got)
+
+
+def test_tf_horovod_table_covers_the_survey_and_names_real_torch_objects():
+    assert set(beyond_tf.SURVEY_APIS) <= set(beyond_tf.MAPPING)
+    assert beyond_tf.unresolved() == []
+    assert beyond_tf.markdown().count("\n") == len(beyond_tf.MAPPING) + 1
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One 4-process launch: a 2-rank job (ranks 0-1) that saves, then a 4-rank job that loads."""
+    folder = tmp_path_factory.mktemp("nb09")
+    return launch.torchrun(f"-m ddp_lab.experiments.nb09_strategies --folder {folder}", nproc=4,
+                           timeout=300, stream=False)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_measured_bytes_equal_prediction_and_losses_agree(launched, world):
+    shapes = [tuple(p.shape) for p in beyond.build_model().parameters()]
+    reference = beyond.reference_losses()
+    recs = launched.select(kind="strategy", world=world)
+    assert sorted((r["strategy"], r["rank"]) for r in recs) == sorted(
+        (s, r) for s in ("ddp", "zero1", "fsdp") for r in range(world))
+    for r in recs:
+        assert r["bytes"] == beyond.rank_bytes(shapes, r["strategy"], world, r["rank"]), r
+        assert max(abs(a - b) for a, b in zip(r["losses"], reference)) < 1e-5
+
+
+def test_checkpoint_saved_on_2_ranks_loads_on_4(launched):
+    saved = launched.select(kind="saved", rank=0)[0]
+    assert saved["world"] == 2 and saved["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    reshard = launched.select(kind="reshard")[0]
+    assert reshard["world"] == 4 and reshard["equal"] and not reshard["missing"]
+    assert reshard["local_shape"] == [64, 32]
+
+
+def test_demos_and_pairs_in_the_2_rank_job(launched):
+    pairs = {(r["name"], r["rank"]): r for r in launched.select(kind="pair", world=2)}
+    assert pairs["broadcast_parameters", 0]["after"] == pairs["broadcast_parameters", 1]["after"]
+    assert pairs["optimizer_state", 0]["after_ddp"] != pairs["optimizer_state", 1]["after_ddp"]
+    assert pairs["optimizer_state", 0]["after_broadcast"] == pairs["optimizer_state", 1]["after_broadcast"]
+    tp = launched.select(kind="tensor", rank=0)[0]
+    assert tp["out_diff"] < 1e-5 and tp["shapes"]["0.weight"] == [32, 16]
+    pp = launched.select(kind="pipeline", rank=1)[0]
+    assert math.isclose(sum(pp["losses"]) / len(pp["losses"]), pp["ref_loss"], rel_tol=1e-5)
