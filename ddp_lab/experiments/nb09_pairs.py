@@ -39,7 +39,7 @@ def optim_digest(optimizer) -> str:
 
 def run_all(grp):
     """Every pair on the ranks of grp (a ddp_lab.beyond.Group: a job of its own inside a launch)."""
-    torch.manual_seed(grp.rank)                      # the survey-style per-rank seed
+    torch.manual_seed(grp.rank)  # the survey-style per-rank seed, on purpose  # ddp-lab: ignore[DDP006]
     model = nn.Linear(8, 4)
     before = digest(model.parameters())
     model = DDP(model, process_group=grp.pg)         # hvd.broadcast_parameters(model.state_dict(), 0)
