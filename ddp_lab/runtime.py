@@ -123,12 +123,15 @@ def setup(timeout: float | None = None) -> Context:
     limit = datetime.timedelta(seconds=timeout if timeout is not None else timeout_s())
     if not dist.is_initialized():
         if launched:
-            # A fresh key space per torchrun attempt (--max-restarts): restarted workers would
-            # otherwise read the dead workers' addresses, left in torchrun's store, and fail to connect.
             store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=limit))
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            dist.init_process_group(backend, store=dist.PrefixStore(f"attempt{attempt}/", store),
-                                    rank=rank, world_size=world_size, timeout=limit)
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                # torchrun's agent keeps this store across restarts (--max-restarts): a fresh key
+                # space per attempt, or restarted workers may read the dead workers' addresses and
+                # fail to connect. Elastic jobs that nodes join set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+                # (a new store every round; the agents' restart counts then differ).
+                attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                store = dist.PrefixStore(f"attempt{attempt}/", store)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=limit)
         else:
             dist.init_process_group(
                 backend, init_method=f"tcp://127.0.0.1:{_free_port()}",

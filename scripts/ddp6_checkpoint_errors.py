@@ -127,12 +127,13 @@ def setup(args):
         device = torch.device("cpu")
     timeout = datetime.timedelta(seconds=args.timeout)  # a lost rank fails loudly, never hangs
     if "RANK" in os.environ:
-        # A fresh key space per torchrun attempt: the restarted workers may otherwise read the
-        # dead workers' addresses, left in the rendezvous store, and fail to connect.
         store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(backend, store=dist.PrefixStore(f"attempt{attempt}/", store),
-                                rank=rank, world_size=world_size, timeout=timeout)
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # torchrun's agent keeps this store across restarts: a fresh key space per attempt, or
+            # restarted workers may read the dead workers' addresses and fail to connect. (Elastic
+            # jobs that nodes join: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, a new store every round.)
+            store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     else:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
                                 rank=0, world_size=1, timeout=timeout)
