@@ -1,4 +1,4 @@
-"""Figures for notebooks 01 (DataParallel vs DDP) and 02 (samplers and metrics).
+"""Figures for notebooks 01 (DataParallel vs DDP), 02 (samplers and metrics), 03 and 06.
 
 Every function draws from numbers it is given (measured or counted) and returns
 the matplotlib Figure, so a notebook cell shows it and a script can save it.
@@ -8,6 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
+from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 RANK_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
@@ -17,7 +18,7 @@ def _box(ax, xy, text, color, w=1.6, h=0.8):
     x, y = xy
     ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.05",
                                 fc=color, ec="black", alpha=0.9))
-    ax.text(x, y, text, ha="center", va="center", fontsize=8.5)
+    ax.text(x, y, text, ha="center", va="center", fontsize=9)
 
 
 def _arrow(ax, a, b, label="", color="black", rad=0.0, offset=(0, 0.12)):
@@ -39,21 +40,22 @@ def dataflow(n: int = 4):
     a.add_patch(FancyBboxPatch((-0.8, -0.5), 9.6, 5.5, boxstyle="round,pad=0.02", fc="none",
                                ec="gray", ls="--"))
     a.text(8.6, 4.75, "one Python process (one GIL)", ha="right", fontsize=8, color="gray")
-    dev0 = (1.2, 2.2)
-    _box(a, dev0, "device 0, thread 0\nwhole batch, model,\nloss, optimizer", "#F4D03F", w=2.0, h=1.4)
+    dev0 = (1.3, 2.2)
+    _box(a, dev0, "device 0, thread 0\nwhole batch, model,\nloss, optimizer", "#F4D03F", w=2.5, h=1.5)
     ys = np.linspace(4.0, 0.4, n - 1)
     steps = [("1 scatter inputs", "#1f77b4"), ("2 broadcast weights", "#2ca02c"),
-             ("3 gather outputs", "#9467bd"), ("4 reduce grads", "#d62728")]
+             ("3 gather outputs", "#9467bd"), ("4 reduce gradients", "#d62728")]
     for k, y in enumerate(ys, start=1):
         _box(a, (7.2, y), f"device {k}\nthread {k}", "#D6EAF8")
-        out_ = k == 1
-        for j, (label, color) in enumerate(steps):
+        for j, (_, color) in enumerate(steps):
             dy = (j - 1.5) * 0.14
-            to_dev = j < 2
-            s, e = ((2.2, dev0[1] + dy), (6.4, y + dy)) if to_dev else ((6.4, y + dy), (2.2, dev0[1] + dy))
-            _arrow(a, s, e, label if out_ else "", color, offset=(0.4 * (j - 1.5), 0.35 + 0.22 * j))
-    a.text(1.2, 0.75, "loss and backward start here;\nreplicas rebuilt and weights\nbroadcast every step;\n"
-           "gradients reduced after backward", ha="center", fontsize=7.5)
+            s, e = ((2.55, dev0[1] + dy), (6.4, y + dy)) if j < 2 else ((6.4, y + dy), (2.55, dev0[1] + dy))
+            _arrow(a, s, e, "", color)
+    # the four phases as a legend: labels on the arrows would be too small to read
+    a.legend(handles=[Line2D([], [], color=c, lw=2, label=t) for t, c in steps], loc="upper left",
+             fontsize=9, frameon=False, bbox_to_anchor=(0.03, 0.96))
+    a.text(1.3, 0.55, "loss and backward start here;\nreplicas rebuilt and weights\nbroadcast every step;\n"
+           "gradients reduced after backward", ha="center", fontsize=8.5)
     b.set_title("DistributedDataParallel: one process per device", fontsize=10)
     angles = np.linspace(np.pi / 2, np.pi / 2 - 2 * np.pi, n, endpoint=False)
     pts = [(4 + 3.2 * np.cos(t), 2.3 + 1.9 * np.sin(t)) for t in angles]
@@ -218,5 +220,47 @@ def loader_bars(results, serial_s: float):
     ax.invert_yaxis()
     ax.set_xlabel("seconds for 2 epochs (lower is better)")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def bucket_sweep_and_timeline(caps, n_buckets, rows):
+    """Notebook 03: ms per step against bucket_cap_mb (caps: records with cap and median_s), and
+    when each all-reduce runs in one step (rows: (label, start_s, width_s, color))."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    ax1.plot([r["cap"] for r in caps], [r["median_s"] * 1e3 for r in caps], "o-")
+    for r, nb in zip(caps, n_buckets):
+        ax1.annotate(f"{nb} buckets", (r["cap"], r["median_s"] * 1e3), textcoords="offset points",
+                     xytext=(4, 6), fontsize=8)
+    ax1.set(xscale="log", xlabel="bucket_cap_mb", ylabel="ms per step (median)", title="bucket_cap_mb sweep")
+    ax1.grid(alpha=0.3)
+    for i, (label, start, width, color) in enumerate(rows):
+        ax2.barh(i, width * 1e3, left=start * 1e3, color=color)
+    ax2.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+    ax2.invert_yaxis()
+    ax2.set(xlabel="ms since the step began (rank 0; forward runs before backward)",
+            title="When each all-reduce runs")
+    ax2.set_xlim(left=0)
+    ax2.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    return fig
+
+
+def save_interval(grid, overhead, first_order, simulated, young, tb_per_day, title):
+    """Notebook 06: time lost (%) against the save interval, Young's optimum, and TB written per day.
+    overhead, first_order, tb_per_day: functions of N; simulated: [(N, fraction)]."""
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    ax.plot(grid, [100 * overhead(n) for n in grid], label="model")
+    ax.plot(grid, [100 * first_order(n) for n in grid], ls=":", color="tab:blue", label="first order")
+    ax.plot([n for n, _ in simulated], [100 * s for _, s in simulated], "o", color="k", ms=4,
+            label="simulated failures")
+    ax.axvline(young, color="tab:green", ls="--", label=f"Young: every {young:.0f} steps")
+    ax.set(xscale="log", ylim=(0, 40), xlabel="save every N steps", ylabel="time not making progress (%)",
+           title=title)
+    ax2 = ax.twinx()
+    ax2.plot(grid, [tb_per_day(n) for n in grid], color="tab:orange", label="TB written per day")
+    ax2.set_yscale("log")
+    ax2.set_ylabel("TB written per day", color="tab:orange")
+    ax.legend(loc="upper center", fontsize=8)
     fig.tight_layout()
     return fig
