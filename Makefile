@@ -9,7 +9,7 @@ ROOT_ARG := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
 STRESS_ARGS ?=
 
-.PHONY: lab test workbook bench stress clean
+.PHONY: lab test e2e workbook bench stress clean
 
 # Reinstall only when the dependency files change (or the venv is new).
 $(STAMP): pyproject.toml
@@ -25,6 +25,10 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The browser tests alone: JupyterLab in headless Chromium (skipped, with the reason, without chromium).
+e2e: $(STAMP)
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 # Every notebook executed top to bottom, rendered to HTML handouts in build/workbook/.
 workbook: $(STAMP)

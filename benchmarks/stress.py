@@ -81,7 +81,8 @@ def launching_notebooks(names: str = "") -> list[Path]:
         if ".ipynb_checkpoints" in nb.parts or (names and not any(n in nb.name for n in names.split(","))):
             continue
         cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
-        if any("launch." in "".join(c["source"]) for c in cells if c["cell_type"] == "code"):
+        starts = ("launch.", "interactive.start", "elastic.")  # torchrun jobs, live ranks, agents
+        if any(k in "".join(c["source"]) for c in cells if c["cell_type"] == "code" for k in starts):
             found.append(nb)
     return found
 

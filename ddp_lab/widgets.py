@@ -135,4 +135,9 @@ def ring_stepper(n: int = 4, algorithm: str = "ring"):
     ranks.observe(rebuild, "value")
     step.observe(redraw, "value")
     rebuild()
-    return W.VBox([W.HBox([algo, ranks]), W.HBox([play, step]), out])
+
+    class RingStepper(W.VBox):
+        def __repr__(self):  # what a notebook opened without a kernel shows instead of the widget
+            return "Ring-AllReduce stepper: run this cell for a slider over the steps (the strip below has all)"
+
+    return RingStepper([W.HBox([algo, ranks]), W.HBox([play, step]), out])

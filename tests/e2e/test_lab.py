@@ -1,0 +1,194 @@
+"""JupyterLab as a learner meets it: notebooks open clean, widgets draw and respond, stop is calm.
+
+Every interactive widget is found, not listed: a function in ddp_lab/ that imports ipywidgets
+makes a widget, and every notebook cell that calls one is exercised here (notebook 03's
+Ring-AllReduce stepper also step by step). Screenshots go to each test's temporary folder.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+
+import psutil
+import pytest
+
+from lab_page import NOTEBOOKS, ROOT, LabPage, wait_until, widget_snapshot
+
+RING = "notebooks/03_ring_allreduce.ipynb"
+
+
+def widget_makers() -> set:
+    """Names of ddp_lab functions whose body imports ipywidgets."""
+    names = set()
+    for path in (ROOT / "ddp_lab").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(
+                    isinstance(n, (ast.Import, ast.ImportFrom)) and "ipywidgets" in ast.dump(n)
+                    for n in ast.walk(node)):
+                names.add(node.name)
+    return names
+
+
+def widget_cells() -> list:
+    """(notebook path, cell index) of every lesson cell that calls a widget maker."""
+    call = re.compile(r"\.(%s)\(" % "|".join(sorted(widget_makers())))
+    found = []
+    for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        for i, c in enumerate(cells):
+            if c["cell_type"] == "code" and call.search("".join(c["source"])):
+                found.append((nb.relative_to(ROOT).as_posix(), i))
+    return found
+
+
+@pytest.fixture
+def open_notebook(browser, lab, tmp_path):
+    pages = []
+
+    def open_(path):
+        pages.append(LabPage(browser, lab, path, tmp_path))
+        return pages[-1]
+    yield open_
+    for p in pages:
+        errors = p.errors
+        p.close()
+        assert not errors, "browser console errors:\n" + "\n".join(errors)
+
+
+def test_widget_makers_are_found():
+    assert {"ring_stepper", "calculator"} <= widget_makers()
+    assert (RING, next(i for n, i in widget_cells() if n == RING)) in widget_cells()
+
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix() for p in NOTEBOOKS.glob("*.ipynb")))
+def test_notebook_opens_unmodified(open_notebook, path):
+    page = open_notebook(path)
+    assert not page.dirty, (f"{path} opens marked as modified: JupyterLab rewrote it on opening "
+                            f"(kernelspec {page.js('window.jupyterapp.shell.currentWidget.context.model.metadata.kernelspec')})")
+
+
+def test_stepper_shows_a_picture_before_the_notebook_runs(open_notebook):
+    page = open_notebook(RING)
+    cell = page.cell(page.cell_index(r"ring_stepper\("))
+    cell.scroll_into_view_if_needed()
+    page.shot(cell, "stepper_before_running")
+    index = page.cell_index(r"ring_stepper\(")
+    text = page.output_text(index)
+    assert "VBox(children=" not in text, f"the stepper shows its repr before running: {text[:120]!r}"
+    # a rendered widget, or one line saying what the cell shows once run, beside a static picture
+    rendered = cell.locator(".jp-OutputArea img, .jp-OutputArea .jupyter-widgets").count() > 0
+    says = "run this cell" in text and page.cell(index + 1).locator(".jp-OutputArea img").count() > 0
+    assert rendered or says, f"the stepper cell shows neither a picture nor what it will show: {text[:120]!r}"
+
+
+def test_ring_stepper_draws_every_step(open_notebook):
+    page = open_notebook(RING)
+    page.run_all()
+    index = page.cell_index(r"ring_stepper\(")
+    cell = page.cell(index)
+    cell.scroll_into_view_if_needed()
+    step = cell.locator(".widget-slider", has=page.page.locator(".widget-label", has_text="step"))
+    readout = step.locator(".widget-readout")
+    last = int(step.evaluate("n => n.querySelector('.noUi-handle').getAttribute('aria-valuemax')")
+               .split(".")[0])
+    assert last == 6, f"a 4-rank ring all-reduce has 2(N-1) = 6 steps, the slider goes to {last}"
+    def picture():
+        return cell.evaluate("n => [...n.querySelectorAll('.jp-OutputArea-output img')].map(i => i.src)")
+
+    assert len(picture()) == 1
+    seen = picture()
+    page.shot(cell, "step_0")
+    handle = step.locator(".noUi-handle")
+    for k in range(1, last + 1):
+        handle.focus()
+        handle.press("ArrowRight")
+        # one picture, and one not seen at any earlier step (clear_output(wait=True) swaps it whole)
+        page.page.wait_for_function(
+            "([node, seen]) => { const imgs = node.querySelectorAll('.jp-OutputArea-output img');"
+            " return imgs.length === 1 && !seen.includes(imgs[0].src); }",
+            arg=[cell.element_handle(), seen], timeout=60_000)
+        assert readout.inner_text().strip() == str(k)
+        seen += picture()
+        page.shot(cell, f"step_{k}")
+    assert len(set(seen)) == last + 1, "two steps drew the same picture"
+    exercise_controls(page, index, skip_labels={"step"})
+
+
+@pytest.mark.parametrize("path,index", [c for c in widget_cells() if c[0] != RING])
+def test_widget_responds_to_each_control(open_notebook, path, index):
+    page = open_notebook(path)
+    first_code = next(i for i, s in enumerate(page.sources())
+                      if page.js(f"window.jupyterapp.shell.currentWidget.content.widgets[{i}].model.type") == "code")
+    page.run_cells(sorted({first_code, index}))   # the setup cell (imports), then the widget's
+    exercise_controls(page, index)
+
+
+def exercise_controls(page, index, skip_labels=()):
+    """Move every slider to an end and pick another option in every dropdown; each must change
+    what the widget shows."""
+    cell = page.cell(index)
+    cell.scroll_into_view_if_needed()
+    assert cell.locator(".jupyter-widgets").count() > 0, "the cell shows no live widget"
+    controls = cell.locator(".widget-slider, .widget-dropdown")
+    assert controls.count() > 0, "a widget without sliders or dropdowns"
+    for i in range(controls.count()):
+        control = controls.nth(i)
+        label = control.locator(".widget-label").inner_text().strip()
+        if label in skip_labels:
+            continue
+        before = widget_snapshot(cell)
+        handle = control.locator(".noUi-handle")
+        if handle.count():  # to the far end: one notch may round to the same result
+            at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
+            handle.focus()
+            handle.press("Home" if at_max else "End")
+        else:
+            select = control.locator("select")
+            options = select.locator("option").all_inner_texts()
+            current = select.evaluate("s => s.selectedIndex")
+            select.select_option(index=(current + 1) % len(options))
+        page.page.wait_for_function(
+            """([node, before]) => {
+                const out = [...node.querySelectorAll('.jp-OutputArea-output img')].map(i => i.src);
+                for (const el of node.querySelectorAll('.widget-output, .widget-html-content')) out.push(el.innerText);
+                return out.join('\\n') !== before; }""",
+            arg=[cell.element_handle(), before], timeout=60_000)
+        page.shot(cell, f"control_{re.sub(r'[^a-z0-9]+', '_', label.lower()) or i}")
+
+
+def test_stop_button_shows_one_short_message(open_notebook, tmp_path):
+    page = open_notebook("notebooks/00_first_launch.ipynb")
+    marker = tmp_path / "stop-marker"
+    n = len(page.sources())
+    source = ("from ddp_lab import launch\n"
+              f"launch.torchrun({str(ROOT / 'tests/programs/sleeper.py')!r}, nproc=2, args=[{str(marker)!r}])")
+    cell = json.dumps({"cell_type": "code", "source": source})
+    page.js(f"window.jupyterapp.shell.currentWidget.content.model.sharedModel.insertCell({n}, {cell})")
+    page.command("notebook:run-cell", active_cell=n)
+    assert wait_until(lambda: (tmp_path / "stop-marker.ready").exists(), timeout=180), "the ranks never started"
+    page.button("notebook:interrupt-kernel").click()   # the stop button
+    page.wait("window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle' && "
+              f"window.jupyterapp.shell.currentWidget.content.widgets[{n}].model.executionCount !== null",
+              120, "the interrupted cell never finished")
+    cell = page.cell(n)
+    cell.scroll_into_view_if_needed()
+    page.shot(cell, "after_stop")
+    text = page.output_text(n)
+    assert re.search(r"interrupted|stopped", text), f"the stop button left no message:\n{text}"
+    assert wait_until(lambda: not _processes_with(str(marker)), timeout=30), "ranks left running"
+    for noise in ("Traceback", "launch.py", "queue.py", "threading.py"):
+        assert noise not in text, f"the stop button shows a traceback ({noise!r}):\n{text}"
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("[rank")]
+    assert len(lines) <= 4, f"the stop button printed {len(lines)} lines:\n{text}"
+
+
+def _processes_with(text: str) -> list:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if text in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p.pid)
+        except psutil.Error:
+            pass
+    return found
