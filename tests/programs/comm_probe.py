@@ -1,5 +1,5 @@
-"""Runs a program's main() with every DDP model counting its gradient all-reduces (a comm hook
-that counts, then all-reduces as DDP would), and prints the count on each rank:
+"""Runs a program's main() with every DDP model counting its gradient all-reduces
+(ddp_lab.accumulation.AllReduceCounter, the counter notebook 05 uses), and prints the count:
 
     torchrun ... comm_probe.py SCRIPT -- ARGS...      ->  "COMM {"rank": R, "calls": N}"
 
@@ -11,22 +11,18 @@ import os
 import sys
 
 import torch.nn.parallel
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from ddp_lab.accumulation import AllReduceCounter
+
 script, argv = sys.argv[1], sys.argv[sys.argv.index("--") + 1:]
-calls = [0]
-
-
-def counting_allreduce(state, bucket):
-    calls[0] += 1
-    return default_hooks.allreduce_hook(state, bucket)
+counters = []
 
 
 class CountingDDP(DistributedDataParallel):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.register_comm_hook(None, counting_allreduce)
+        counters.append(AllReduceCounter(self))
 
 
 spec = importlib.util.spec_from_file_location("probed", script)
@@ -37,4 +33,5 @@ if hasattr(mod, "DDP"):
 torch.nn.parallel.DistributedDataParallel = CountingDDP
 sys.argv = [script, *argv]
 mod.main(*([argv] if mod.main.__code__.co_argcount else []))
-print("COMM " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "calls": calls[0]}), flush=True)
+calls = sum(c.calls for c in counters)
+print("COMM " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "calls": calls}), flush=True)
