@@ -19,7 +19,7 @@ import urllib.request
 import psutil
 import pytest
 
-from lab_page import ROOT
+from .lab_page import ROOT
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # The lab must never write the workbook's notebooks: autosave off, news and update checks off.

@@ -13,7 +13,7 @@ import re
 import psutil
 import pytest
 
-from lab_page import NOTEBOOKS, ROOT, LabPage, wait_until, widget_snapshot
+from .lab_page import NOTEBOOKS, ROOT, LabPage, wait_until, widget_snapshot
 
 RING = "notebooks/03_ring_allreduce.ipynb"
 
