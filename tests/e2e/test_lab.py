@@ -90,6 +90,12 @@ def test_ring_stepper_draws_every_step(open_notebook):
     cell.scroll_into_view_if_needed()
     step = cell.locator(".widget-slider", has=page.page.locator(".widget-label", has_text="step"))
     readout = step.locator(".widget-readout")
+    # The kernel is idle before the browser has drawn the widget's view and its first picture:
+    # wait for both, or a cold JupyterLab is caught half-way.
+    step.locator(".noUi-handle").wait_for(timeout=60_000)
+    page.page.wait_for_function(
+        "node => node.querySelectorAll('.jp-OutputArea-output img').length === 1",
+        arg=cell.element_handle(), timeout=60_000)
     last = int(step.evaluate("n => n.querySelector('.noUi-handle').getAttribute('aria-valuemax')")
                .split(".")[0])
     assert last == 6, f"a 4-rank ring all-reduce has 2(N-1) = 6 steps, the slider goes to {last}"
@@ -129,6 +135,7 @@ def exercise_controls(page, index, skip_labels=()):
     what the widget shows."""
     cell = page.cell(index)
     cell.scroll_into_view_if_needed()
+    cell.locator(".jupyter-widgets").first.wait_for(timeout=60_000)  # drawn after the kernel is idle
     assert cell.locator(".jupyter-widgets").count() > 0, "the cell shows no live widget"
     controls = cell.locator(".widget-slider, .widget-dropdown")
     assert controls.count() > 0, "a widget without sliders or dropdowns"
