@@ -86,8 +86,11 @@ class LabPage:
             state = self.js(f"""{json_list(indices)}.map(i => {{
                 const m = {PANEL}.content.widgets[i].model;
                 const err = m.outputs.toJSON().find(o => o.output_type === 'error');
+                // a cell scrolled out of view may have no DOM (JupyterLab renders a window of
+                // cells); its model still says whether it ran: executionCount is null until then
+                const prompt = {PANEL}.content.widgets[i].node.querySelector('.jp-InputPrompt');
                 return [i, m.executionCount, err ? err.ename + ': ' + err.evalue : null,
-                        {PANEL}.content.widgets[i].node.querySelector('.jp-InputPrompt').innerText];
+                        prompt ? prompt.innerText : ''];
             }})""")
             failed = [s for s in state if s[2]]
             assert not failed, f"cell {failed[0][0]} raised {failed[0][2]}"
