@@ -50,7 +50,7 @@ def _missing() -> str:
     return ""
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def lab(tmp_path_factory):
     """A JupyterLab server rooted at the repository, with a token, on a free port."""
     if _missing():
@@ -122,7 +122,7 @@ def _wait_for(predicate, timeout, message):
     raise AssertionError(message())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(lab):
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
