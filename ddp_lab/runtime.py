@@ -11,8 +11,10 @@
 
 - Device and backend: CUDA + NCCL (with torch.cuda.set_device(local_rank)) when
   there is a GPU for every process on this node, else CPU + gloo. DDP_LAB_BACKEND overrides.
-- Init has a timeout (60 s, DDP_LAB_TIMEOUT overrides) that also bounds every
-  collective, so a lost rank fails loudly instead of hanging forever.
+- Every collective has a timeout (60 s, DDP_LAB_TIMEOUT overrides), so a lost rank fails
+  loudly instead of hanging forever. Init waits at least 60 s for every rank: on a busy
+  machine one rank can take many seconds longer than another just to import torch, and a
+  short collective timeout must not turn that into a failed start.
 - Run as plain `python prog.py` it is a world of one, with a real process group,
   so the same collectives work unchanged.
 - Records go to $DDP_LAB_RECORDS/rank{RANK}.jsonl (set by ddp_lab.launch);
@@ -121,9 +123,10 @@ def setup(timeout: float | None = None) -> Context:
     else:
         device = torch.device("cpu")
     limit = datetime.timedelta(seconds=timeout if timeout is not None else timeout_s())
+    startup = max(limit, datetime.timedelta(seconds=DEFAULT_TIMEOUT_S))
     if not dist.is_initialized():
         if launched:
-            store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=limit))
+            store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=startup))
             if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
                 # torchrun's agent keeps this store across restarts (--max-restarts): a fresh key
                 # space per attempt, or restarted workers may read the dead workers' addresses and
@@ -131,12 +134,22 @@ def setup(timeout: float | None = None) -> Context:
                 # (a new store every round; the agents' restart counts then differ).
                 attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
                 store = dist.PrefixStore(f"attempt{attempt}/", store)
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=limit)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                    timeout=startup)
         else:
             dist.init_process_group(
                 backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
-                rank=0, world_size=1, timeout=limit)
+                rank=0, world_size=1, timeout=startup)
+        _set_timeout(limit)  # from here on, every collective
     return Context(rank, world_size, local_rank, local_world_size, device, backend, launched)
+
+
+def _set_timeout(limit: datetime.timedelta) -> None:
+    if hasattr(dist, "set_timeout"):          # newer torch; older ones name it _set_pg_timeout
+        dist.set_timeout(limit)
+    else:
+        from torch.distributed import distributed_c10d
+        distributed_c10d._set_pg_timeout(limit)
 
 
 def teardown() -> None:

@@ -55,8 +55,9 @@ def test_missing_program_is_a_clear_error():
 
 
 def test_timeout_kills_every_process(marker):
-    with pytest.raises(launch.LaunchError, match="timed out after 40 s") as info:
-        launch.torchrun(PROGRAMS / "sleeper.py", nproc=2, args=[marker], timeout=40, stream=False)
+    # 60 s: on a busy 2-core machine, torchrun and two workers importing torch can take 40 s to start
+    with pytest.raises(launch.LaunchError, match="timed out after 60 s") as info:
+        launch.torchrun(PROGRAMS / "sleeper.py", nproc=2, args=[marker], timeout=60, stream=False)
     assert wait_until(lambda: not processes_with(marker), timeout=10), processes_with(marker)
     pids = [r["pid"] for r in info.value.run.select(kind="pid")]
     assert pids, "the workers should have started before the timeout"

@@ -46,6 +46,24 @@ def test_collective_timeout_fails_a_lost_rank_loudly(tmp_path):
         raise AssertionError("a barrier with a missing rank must fail")
 
 
+def test_a_late_rank_still_joins_under_a_short_collective_timeout(tmp_path):
+    # On a busy machine one rank can take seconds longer to import torch: the collective timeout
+    # (3 s here) must not turn that into a failed start. Rank 0 arrives 6 s after rank 1.
+    prog = tmp_path / "late.py"
+    prog.write_text(
+        "import os, time\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    time.sleep(6)\n"
+        "import torch, torch.distributed as dist\n"
+        "from ddp_lab import runtime\n"
+        "with runtime.distributed() as ctx:\n"
+        "    x = torch.ones(1)\n"
+        "    dist.all_reduce(x)\n"
+        "    ctx.record(kind='sum', value=x.item())\n")
+    run = launch.torchrun(prog, nproc=2, stream=False, timeout=120, env={"DDP_LAB_TIMEOUT": "3"})
+    assert sorted(r["value"] for r in run.select(kind="sum")) == [2.0, 2.0]
+
+
 def _train_ddp_module():
     import importlib.util
 

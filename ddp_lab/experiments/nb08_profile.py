@@ -124,7 +124,8 @@ def profiled(model, optimizer, it, ctx, n, folder, sleep_s=0.0):
 
 def logging_rounds(ctx, group, global_batch, steps, rounds, every):
     """Three ways to log the loss on the small model, in interleaved rounds: the seconds per
-    step of the logging code itself (mean over rounds), and of the whole step (median)."""
+    step of the logging code itself and of the whole step, each the median over rounds (a round
+    that caught a busy moment of the machine cannot move it)."""
     model, optimizer = make("small", ctx, group)
     it = batches(2, ctx.rank, global_batch, seed=2)
     timed(model, optimizer, it, ctx, 5)
@@ -140,8 +141,8 @@ def logging_rounds(ctx, group, global_batch, steps, rounds, every):
                 train_step(model, optimizer, it, ctx, log=way, acc=acc)
             step_s[way].append((time.perf_counter() - t0) / steps)
             log_s[way].append(acc["log_s"] / steps)
-    for way in ways:  # means: every_n's rare all-reduces are a few samples each round, not a median's worth
-        ctx.record(kind="logging", way=way, every=every, log_s=statistics.mean(log_s[way]),
+    for way in ways:  # each round holds steps // every of every_n's all-reduces: its median is theirs
+        ctx.record(kind="logging", way=way, every=every, log_s=statistics.median(log_s[way]),
                    step_s=statistics.median(step_s[way]))
     del model, optimizer
 
@@ -220,7 +221,7 @@ def main():
                            sleep_s=late)
                 del model, optimizer
             if args.logging:
-                logging_rounds(ctx, groups[2], args.global_batch, steps=4 * args.log_every, rounds=4,
+                logging_rounds(ctx, groups[2], args.global_batch, steps=4 * args.log_every, rounds=8,
                                every=args.log_every)
             if args.sweep:
                 sweep(ctx, groups[2], [int(b) for b in args.sweep.split(",")], iters=5)
