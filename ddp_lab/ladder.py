@@ -42,12 +42,12 @@ RUNGS = [
          "Atomic saves by rank 0, read by rank 0 and broadcast, resumed at the exact batch.\n"
          "A crash then costs minutes, not the run, and the resumed run equals an uninterrupted one.",
          ("parse_args", "setup", "ResumableSampler", "atomic_save", "resume_state", "rng_state",
-          "set_rng_state", "resume", "save_checkpoint", "train")),
+          "set_rng_state", "resume", "save_checkpoint", "steps_left", "train")),
     Rung("ddp4_amp_accum.py", "a bigger batch, cheaply",
          "Mixed precision (bf16, fp16 + GradScaler), accumulation with no_sync, LR scaling and warmup.\n"
          "K micro-batches cost one all-reduce, not K; the effective batch needs its own learning rate.",
          ("parse_args", "build_optimizer", "resume", "evaluate", "autocast", "is_sync_step", "group_size",
-          "train")),
+          "steps_left", "train")),
     Rung("ddp5_errors.py", "clear errors",
          "Bad flags, unusable devices, more ranks than samples: one message, exit code 2, every rank.\n"
          "Without it, each rank prints its own traceback, or one rank waits forever in a collective.",

@@ -268,6 +268,14 @@ def say(is_main, text):
 
 
 # ---------------------------------------------------------------- training
+def steps_left(n, epoch, position, args, world_size):
+    """Optimizer steps from sample `position` of epoch `epoch` to the end of the last epoch, in this
+    layout. Steps are counted globally, but their size depends on the world size: a run resumed on
+    another one must end where its data does, not at this layout's step count."""
+    steps = lambda used: math.ceil(math.ceil((n - used) / world_size) / args.batch_size)
+    return 0 if epoch >= args.epochs else steps(position) + (args.epochs - epoch - 1) * steps(0)
+
+
 def train(args, rank, world_size, device, backend):
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)  # torchrun's restart count
     is_main = rank == 0
@@ -306,7 +314,7 @@ def train(args, rank, world_size, device, backend):
     if last_pt and is_main:
         os.makedirs(args.ckpt_dir, exist_ok=True)
     saved_step = step if resumed and resumed == last_pt else None  # the step last.pt holds
-    max_steps = args.max_steps or total_steps
+    max_steps = args.max_steps or step + steps_left(len(train_set), epoch, position, args, world_size)
     per_batch = args.batch_size * world_size  # samples all ranks use per batch
     window = Window(device)
     model.train()

@@ -341,12 +341,14 @@ def build_optimizer(args, model, world_size, steps_per_epoch):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
 
-def resume(args, rank, world_size, spec, stateful, device):
+def resume(args, rank, world_size, spec, stateful, device, steps_per_epoch):
     """Load the checkpoint --resume names (if any) into `stateful` (model, optimizer, scheduler,
     scaler); returns (epoch, samples_in_epoch, step) to continue from, and the checkpoint's path."""
     ckpt, path = resume_state(args, rank, spec)
     if ckpt is None:
         return (0, 0, 0), None
+    scheduler = stateful["scheduler"]
+    base_lrs = list(scheduler.base_lrs)  # this layout's, before the checkpoint's replace them
     for name, obj in stateful.items():
         try:
             obj.load_state_dict(ckpt[name])
@@ -356,9 +358,17 @@ def resume(args, rank, world_size, spec, stateful, device):
     epoch, samples_in_epoch, step = ckpt["epoch"], ckpt["samples_in_epoch"], ckpt["step"]
     same_layout = all(ckpt["config"].get(k) == v for k, v in (
         ("world_size", world_size), ("batch_size", args.batch_size), ("accum_steps", args.accum_steps)))
-    if not same_layout and rank == 0:  # the position is global: it holds for any layout
-        print(f"resume: world size / batch size / accumulation changed; epoch {epoch} continues at sample "
-              f"{samples_in_epoch} of its shuffled order")
+    if not same_layout:  # the position is global: it holds for any layout. A step's size changed, so
+        # the schedule follows the data (its step for this position), at this layout's rate
+        scheduler.base_lrs = base_lrs
+        scheduler.last_epoch = epoch * steps_per_epoch + samples_in_epoch // (
+            args.batch_size * world_size * args.accum_steps)
+        for group, base, factor in zip(stateful["optimizer"].param_groups, base_lrs, scheduler.lr_lambdas):
+            group["initial_lr"], group["lr"] = base, base * factor(scheduler.last_epoch)
+        if rank == 0:
+            print(f"resume: world size / batch size / accumulation changed; epoch {epoch} continues at "
+                  f"sample {samples_in_epoch} of its shuffled order")
+            print(f"resume: the learning-rate schedule continues at its step {scheduler.last_epoch} of this layout")
     if len(ckpt["rng"]) == world_size:  # every rank continues its own random stream
         set_rng_state(ckpt["rng"][rank], device)
     return (epoch, samples_in_epoch, step), path
@@ -467,6 +477,15 @@ def say(is_main, text):
 
 
 # ---------------------------------------------------------------- training
+def steps_left(n, epoch, position, args, world_size):
+    """Optimizer steps from sample `position` of epoch `epoch` to the end of the last epoch, in this
+    layout. Steps are counted globally, but their size depends on the world size: a run resumed on
+    another one must end where its data does, not at this layout's step count."""
+    steps = lambda used: math.ceil(math.ceil(math.ceil((n - used) / world_size) / args.batch_size)
+                               / args.accum_steps)
+    return 0 if epoch >= args.epochs else steps(position) + (args.epochs - epoch - 1) * steps(0)
+
+
 def train(args, rank, world_size, device, backend):
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)  # torchrun's restart count
     is_main = rank == 0
@@ -489,7 +508,7 @@ def train(args, rank, world_size, device, backend):
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     stateful = {"model": raw_model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
     # Resume before DDP wraps the model: DDP broadcasts rank 0's weights at construction.
-    (epoch, position, step), resumed = resume(args, rank, world_size, spec, stateful, device)
+    (epoch, position, step), resumed = resume(args, rank, world_size, spec, stateful, device, steps_per_epoch)
     model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None)
 
     metrics = Metrics(args.metrics_out, is_main, attempt)
@@ -508,7 +527,7 @@ def train(args, rank, world_size, device, backend):
 
     last_pt = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
     saved_step = step if resumed and resumed == last_pt else None  # the step last.pt holds
-    max_steps = args.max_steps or total_steps
+    max_steps = args.max_steps or step + steps_left(len(train_set), epoch, position, args, world_size)
     per_batch = args.batch_size * world_size  # samples all ranks use per batch
     window = Window(device)
     model.train()

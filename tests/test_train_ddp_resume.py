@@ -1,5 +1,6 @@
 """scripts/train_ddp.py as one process: accumulation, resume, and a kill in the middle of a save."""
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -152,3 +153,19 @@ def test_resume_on_another_world_size_sees_every_sample_once(tmp_path):
     resumes = [r for r in metrics(tmp_path / "m.jsonl") if r["kind"] == "resume"]
     assert [(r["step"], r["epoch"]) for r in resumes] == [(3, 0), (7, 0)]
     assert final(tmp_path / "m.jsonl")["step"] == 7 + 66
+
+
+def test_resume_on_another_world_size_moves_the_schedule_to_the_data(tmp_path):
+    # 2 ranks x 32, linear LR scaling (0.05 x 2), stopped at step 6 = sample 384 of epoch 0; then one
+    # process (0.05 x 1, 47 steps an epoch, 94 in all) goes on: at this layout's rate, from step
+    # 384 // 32 = 12 of its cosine, not from step 6 of 94 at the 2-rank rate.
+    common = ["--epochs", 2, "--batch-size", 32, "--lr", 0.05, "--lr-scaling", "linear",
+              "--ckpt-dir", tmp_path / "ck", "--metrics-out", tmp_path / "m.jsonl", "--log-every", 1]
+    launch.torchrun(SCRIPT, nproc=2, stream=False, args=[*common, "--max-steps", 6])
+    finish(start(*common, "--max-steps", 8, cwd=tmp_path))
+    configs = [r for r in metrics(tmp_path / "m.jsonl") if r["kind"] == "config"]
+    assert [(c["world_size"], c["lr_effective"], c["total_steps"]) for c in configs] == [(2, 0.1, 48), (1, 0.05, 94)]
+    after = [r for r in metrics(tmp_path / "m.jsonl") if r["kind"] == "train" and r["step"] > 6]
+    cosine = lambda i, total: 0.05 * 0.5 * (1 + math.cos(math.pi * i / total))
+    assert [r["step"] for r in after] == [7, 8]
+    assert all(math.isclose(r["lr"], cosine(12 + k, 94), rel_tol=1e-9) for k, r in enumerate(after)), after
