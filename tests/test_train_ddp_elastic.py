@@ -23,6 +23,15 @@ def kinds(path, kind):
     return [r for r in metrics(path) if r["kind"] == kind]
 
 
+def collapse(values):
+    """The values without consecutive repeats."""
+    out = []
+    for v in values:
+        if not out or out[-1] != v:
+            out.append(v)
+    return out
+
+
 def set_gate(gate, step):
     tmp = gate.with_suffix(".tmp")
     tmp.write_text(str(step))
@@ -45,12 +54,14 @@ def test_train_ddp_shrinks_to_one_node_and_grows_back(tmp_path, monkeypatch):
         set_gate(gate, 20)                 # A's rank goes on, fails at its next collective, restarts alone
         c.wait(lambda _: saved(20) and kinds(out, "config")[-1]["world_size"] == 1, "step 20 saved by 1 node")
         c.start("C")                       # a new node: A's agent restarts its worker for a world of 2
-        c.wait(lambda _: len(kinds(out, "config")) == 3, "a world of 2 again")
+        c.wait(lambda _: [r["world_size"] for r in kinds(out, "config")][-2:] == [1, 2], "a world of 2 again")
         gate.unlink()                      # run to the end
         codes = c.wait_exit(["A", "C"])
     assert codes == {"A": 0, "C": 0}
-    assert [r["world_size"] for r in kinds(out, "config")] == [2, 1, 2]
-    assert [r["step"] for r in kinds(out, "resume")] == [10, 20]
+    # (On a busy machine a round can close before a slow agent joins it: the job then restarts once
+    # more at the same size, from the same checkpoint. That is the rendezvous at work, not a fault.)
+    assert collapse(r["world_size"] for r in kinds(out, "config")) == [2, 1, 2]
+    assert collapse(r["step"] for r in kinds(out, "resume")) == [10, 20]
     # The position is global: steps 1-10 used 10 x 2 x 32 samples, steps 11-20 on one rank 10 x 32;
     # the rest of epoch 0 is shared by two ranks again, then epoch 1 whole.
     left = TRAIN - 10 * 2 * BATCH - 10 * BATCH
