@@ -123,7 +123,8 @@ def setup(timeout: float | None = None) -> Context:
     else:
         device = torch.device("cpu")
     limit = datetime.timedelta(seconds=timeout if timeout is not None else timeout_s())
-    startup = max(limit, datetime.timedelta(seconds=DEFAULT_TIMEOUT_S))
+    set_timeout = _timeout_setter()  # init may then wait longer than each collective
+    startup = max(limit, datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)) if set_timeout else limit
     if not dist.is_initialized():
         if launched:
             store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=startup))
@@ -140,16 +141,15 @@ def setup(timeout: float | None = None) -> Context:
             dist.init_process_group(
                 backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
                 rank=0, world_size=1, timeout=startup)
-        _set_timeout(limit)  # from here on, every collective
+        if set_timeout:
+            set_timeout(limit)  # from here on, every collective
     return Context(rank, world_size, local_rank, local_world_size, device, backend, launched)
 
 
-def _set_timeout(limit: datetime.timedelta) -> None:
-    if hasattr(dist, "set_timeout"):          # newer torch; older ones name it _set_pg_timeout
-        dist.set_timeout(limit)
-    else:
-        from torch.distributed import distributed_c10d
-        distributed_c10d._set_pg_timeout(limit)
+def _timeout_setter():
+    """dist.set_timeout (newer torch), its older private name, or None where neither exists."""
+    from torch.distributed import distributed_c10d
+    return getattr(dist, "set_timeout", None) or getattr(distributed_c10d, "_set_pg_timeout", None)
 
 
 def teardown() -> None:
