@@ -443,7 +443,8 @@ def train(args, rank, world_size, device, backend):
 
     last_pt = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
     saved_step = step if resumed and resumed == last_pt else None  # the step last.pt holds
-    max_steps = args.max_steps or step + steps_left(len(train_set), epoch, position, args, world_size)
+    end = step + steps_left(len(train_set), epoch, position, args, world_size)  # where the data ends
+    max_steps = args.max_steps or end
     per_batch = args.batch_size * world_size  # samples all ranks use per batch
     window = Window(device)
     model.train()
