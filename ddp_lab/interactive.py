@@ -87,10 +87,9 @@ dist.init_process_group("{backend}", rank=rank, world_size=world_size,
 
 
 def _pick_backend(nproc: int, backend: str | None) -> str:
-    if backend:
-        return backend
-    import torch
-    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nproc else "gloo"
+    """The launcher's rule (runtime.pick_backend): NCCL only with a GPU for every rank."""
+    from ddp_lab import runtime
+    return backend or runtime.pick_backend(local_world_size=nproc)[0]
 
 
 class Ranks:

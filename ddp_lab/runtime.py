@@ -47,15 +47,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def pick_backend() -> tuple[str, str]:
+def pick_backend(local_world_size: int | None = None) -> tuple[str, str]:
     """(backend, device type): nccl/cuda when this node has a GPU for every process, else gloo/cpu.
+    local_world_size: processes on this node (default: torchrun's LOCAL_WORLD_SIZE, else 1).
 
     NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so with fewer GPUs than local
     processes the job runs on the CPU over gloo; forcing nccl then is an error that names the fix.
     scripts/train_ddp.py's pick_device makes the same decision (tests/test_runtime.py compares them).
     """
     forced = os.environ.get(BACKEND_ENV) or None
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if forced == "nccl" and gpus < local_world_size:
         raise RuntimeError(f"{BACKEND_ENV}=nccl, but {local_world_size} processes on this node and {gpus} "

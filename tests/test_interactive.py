@@ -178,3 +178,14 @@ def test_interrupt_stops_the_ranks_work_and_keeps_the_ranks(tmp_path, marker):
     finally:
         kernel.kill()
         kernel.wait()
+
+
+@pytest.mark.parametrize("nproc,gpus,expected", [(2, 0, "gloo"), (2, 1, "gloo"), (2, 2, "nccl"), (1, 1, "nccl")])
+def test_ranks_pick_the_backend_by_the_launchers_rule(monkeypatch, nproc, gpus, expected):
+    import torch
+    monkeypatch.delenv("DDP_LAB_BACKEND", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert interactive._pick_backend(nproc, None) == expected
+    monkeypatch.setenv("DDP_LAB_BACKEND", "gloo")  # the launcher's override holds for the ranks too
+    assert interactive._pick_backend(nproc, None) == "gloo"

@@ -2,6 +2,7 @@
 joins. Every membership change restarts the workers at the new world size; they resume from
 last.pt at the same global position. The test holds training at chosen steps (tests/programs/
 gated.py) so that each change happens mid-training whatever the machine's speed."""
+import itertools
 import json
 import math
 import os
@@ -25,11 +26,7 @@ def kinds(path, kind):
 
 def collapse(values):
     """The values without consecutive repeats."""
-    out = []
-    for v in values:
-        if not out or out[-1] != v:
-            out.append(v)
-    return out
+    return [v for v, _ in itertools.groupby(values)]
 
 
 def set_gate(gate, step):

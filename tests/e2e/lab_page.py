@@ -112,15 +112,6 @@ class LabPage:
         self.page.close()
 
 
-def wait_until(predicate, timeout: float, step: float = 0.5) -> bool:
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
-
-
 def json_list(values) -> str:
     return "[" + ",".join(str(int(v)) for v in values) + "]"
 

@@ -10,10 +10,11 @@ import ast
 import json
 import re
 
-import psutil
 import pytest
 
-from .lab_page import NOTEBOOKS, ROOT, LabPage, wait_until, widget_snapshot
+from conftest import processes_with, wait_until  # tests/conftest.py
+
+from .lab_page import NOTEBOOKS, ROOT, LabPage, widget_snapshot
 
 RING = "notebooks/03_ring_allreduce.ipynb"
 
@@ -183,19 +184,8 @@ def test_stop_button_shows_one_short_message(open_notebook, tmp_path):
     page.shot(cell, "after_stop")
     text = page.output_text(n)
     assert re.search(r"interrupted|stopped", text), f"the stop button left no message:\n{text}"
-    assert wait_until(lambda: not _processes_with(str(marker)), timeout=30), "ranks left running"
+    assert wait_until(lambda: not processes_with(str(marker)), timeout=30), "ranks left running"
     for noise in ("Traceback", "launch.py", "queue.py", "threading.py"):
         assert noise not in text, f"the stop button shows a traceback ({noise!r}):\n{text}"
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("[rank")]
     assert len(lines) <= 4, f"the stop button printed {len(lines)} lines:\n{text}"
-
-
-def _processes_with(text: str) -> list:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if text in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p.pid)
-        except psutil.Error:
-            pass
-    return found
