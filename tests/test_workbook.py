@@ -55,3 +55,17 @@ def test_make_workbook_end_to_end_on_a_real_notebook(tmp_path):
     (timing,) = json.loads((out / "timings.json").read_text())
     assert timing["ok"] and timing["seconds"] > 0 and timing["title"] == "10 · Solutions"
     assert name.replace(".ipynb", ".html") in (out / "index.html").read_text()
+
+
+def test_store_writes_outputs_back_and_leaves_a_failing_notebook_as_it_was(tmp_path, capsys):
+    """`make workbook` stores outputs: lessons and solutions executed in one pass."""
+    ok, bad = tmp_path / "00_ok.ipynb", tmp_path / "01_bad.ipynb"
+    _write(ok, "print(6 * 7)")
+    _write(bad, "assert 1 == 2, 'the claim does not hold'")
+    before = bad.read_bytes()
+    assert workbook.main([str(tmp_path / "html"), "--store", str(ok), str(bad)]) == 1
+    (cell,) = [c for c in nbformat.read(ok, as_version=4).cells if c.cell_type == "code"]
+    assert cell.outputs and cell.outputs[0]["text"].strip() == "42" and cell.execution_count == 1
+    assert bad.read_bytes() == before                     # a failed run never overwrites stored outputs
+    assert workbook.main([str(tmp_path / "html"), str(tmp_path / "missing.ipynb")]) == 2
+    assert "no such notebook" in capsys.readouterr().err
