@@ -41,6 +41,14 @@ class RanksError(RuntimeError):
     """The ranks could not start, or code failed on a rank; the message says which and why."""
 
 
+class RanksInterrupted(KeyboardInterrupt):
+    """The stop button while the ranks run a cell. Still a KeyboardInterrupt (the cell and `Run All`
+    stop), shown as one line, as a stopped launch is, not as a traceback through ipyparallel."""
+
+    def _render_traceback_(self):  # IPython renders this instead of the traceback
+        return [f"RanksInterrupted: {self}"]
+
+
 class Table:
     """Values side by side: one row per label, one column per rank (HTML in JupyterLab)."""
 
@@ -116,9 +124,9 @@ class Ranks:
                 result.get(timeout=10)
             except Exception:  # the interrupted code raised KeyboardInterrupt, as it should
                 pass
-            print("[ranks] interrupted: the ranks stopped what they were running and wait "
-                  "for the next cell", flush=True)
-            raise
+            message = "the ranks stopped what they were running and wait for the next cell"
+            print(f"[ranks] interrupted: {message}", flush=True)
+            raise RanksInterrupted(message) from None
         except ipp.error.CompositeError as e:
             raise RanksError(_explain(e)) from None
 

@@ -162,7 +162,8 @@ def test_interrupt_stops_the_ranks_work_and_keeps_the_ranks(tmp_path, marker):
         note("pids", ranks.pids)
         try:
             ranks.run("import time; open({str(busy)!r} + str(rank), 'w').close(); time.sleep(600)")
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stopped:
+            note("shown", stopped._render_traceback_())  # what a notebook shows instead of a traceback
             note("after", ranks.gather("rank + 10"))
         ranks.stop()
     """)
@@ -171,6 +172,8 @@ def test_interrupt_stops_the_ranks_work_and_keeps_the_ranks(tmp_path, marker):
         assert wait_until(lambda: all(Path(f"{busy}{r}").exists() for r in (0, 1)), timeout=120)
         os.killpg(kernel.pid, signal.SIGINT)
         assert _read(tmp_path, "after", timeout=60) == [10, 11]  # the same ranks answer at once
+        (shown,) = _read(tmp_path, "shown")                      # one line, not ~40 of ipyparallel
+        assert shown.startswith("RanksInterrupted: the ranks stopped"), shown
         assert kernel.wait(timeout=60) == 0, kernel.stdout.read()
         assert "[ranks] interrupted" in kernel.stdout.read()
         assert wait_until(lambda: _gone(pids), timeout=30), pids
