@@ -77,11 +77,21 @@ def draw_step(ax, sim: ring.Simulation, step: int, small: bool = False) -> None:
     ax.set_title(label, fontsize=8 if small else 11)
 
 
+def sent_so_far(sim: ring.Simulation, step: int) -> str:
+    """Bytes sent per rank, the figure 2(N-1)/N·S counts, and the total over all ranks."""
+    per_rank = [0] * sim.n
+    for s in sim.steps[:step]:
+        for m in s:
+            per_rank[m.src] += m.nbytes
+    most, total = max(per_rank), sum(per_rank)
+    each = f"{most} bytes" if min(per_rank) == most else f"up to {most} bytes"
+    return f"{each} sent per rank so far ({total} by all ranks)"
+
+
 def ring_figure(sim: ring.Simulation, step: int, size: float = 4.6):
     fig, ax = plt.subplots(figsize=(size, size))
     draw_step(ax, sim, step)
-    sent = sum(m.nbytes for s in sim.steps[:step] for m in s)
-    ax.text(0, -1.4, f"{sim.algorithm}, N={sim.n}: {sent} bytes sent so far "
+    ax.text(0, -1.4, f"{sim.algorithm}, N={sim.n}: {sent_so_far(sim, step)} "
             f"(black: add into the chunk, grey: copy)", ha="center", fontsize=8)
     return fig
 
