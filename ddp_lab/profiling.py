@@ -13,12 +13,19 @@ The training loop marks its phases with torch.profiler.record_function, named as
         with record_function("ddp_lab/backward"):  loss.backward()
         with record_function("ddp_lab/optimizer"): optimizer.step(); optimizer.zero_grad()
 
-Everything else comes from the trace itself: the autograd engine's `evaluate_function` events
-are backward's compute (less the `c10d::` calls inside them, which hand a bucket to the process
-group and can block), and the all-reduces are the process group's own events (`gloo:all_reduce`
-on gloo's worker threads; NCCL's `AllReduce` kernels when a GPU trace has them). A bucket's
-all-reduce runs on another thread while backward goes on, so communication is split into the
-part hidden under compute and the part the main thread really waited for (exposed).
+Everything else comes from the trace itself. On a CPU trace, the autograd engine's
+`evaluate_function` events are backward's compute (less the `c10d::` calls inside them, which hand
+a bucket to the process group and can block), and the all-reduces are the process group's own
+events (`gloo:all_reduce` on gloo's worker threads). A bucket's all-reduce runs on another thread
+while backward goes on, so communication is split into the part hidden under compute and the part
+the main thread really waited for (exposed).
+
+On a GPU trace (kineto's JSON with `"cat": "kernel"` events) the CPU spans only measure kernel
+launches, so the budget is taken from the device: a kernel belongs to the phase whose span holds
+its launch (`cudaLaunchKernel`, matched by `args.correlation`; backward's launches come from the
+autograd engine's device thread, inside the main thread's backward span), NCCL kernels are the
+communication, and the parts split the device's time from the step's first kernel to its last:
+"other" is then time the GPU sat idle.
 """
 from __future__ import annotations
 
@@ -99,6 +106,8 @@ class Step:
     phases: dict = field(default_factory=dict)        # name -> (start, end)
     backward_ops: list = field(default_factory=list)  # disjoint intervals of backward compute
     comm: list = field(default_factory=list)          # all-reduce intervals (one per bucket)
+    kernels: dict = field(default_factory=dict)       # GPU traces: phase -> its compute kernels' intervals
+    on_gpu: bool = False                              # the trace has kernels: budget the device's time
 
     @property
     def dur(self) -> float:
@@ -109,26 +118,44 @@ def _events(trace):
     return [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
 
 
+def _is_kernel(e):
+    return e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _is_nccl(e):
+    return _is_kernel(e) and "nccl" in e.get("name", "").lower()
+
+
 def comm_events(trace) -> list:
     """All-reduce intervals: the process group's CPU events, or NCCL kernels on a GPU trace."""
     ev = _events(trace)
-    cpu = [e for e in ev if _COMM.match(e.get("name", "")) and e.get("cat") != "kernel"]
-    kernels = [e for e in ev if e.get("cat") == "kernel" and "AllReduce" in e.get("name", "")]
-    if kernels:  # with NCCL the CPU event only enqueues the kernel: the kernel is the transfer
-        cpu = kernels
-    return sorted((e["ts"], e["ts"] + e["dur"]) for e in cpu)
+    kernels = [e for e in ev if _is_nccl(e)]
+    # with NCCL the CPU event only enqueues the kernel: the kernel is the transfer
+    chosen = kernels or [e for e in ev if _COMM.match(e.get("name", "")) and not _is_kernel(e)]
+    return sorted((e["ts"], e["ts"] + e["dur"]) for e in chosen)
+
+
+def _launched_at(ev) -> dict:
+    """id(kernel event) -> when the CPU launched it (its runtime call with the same correlation)."""
+    calls = {e["args"]["correlation"]: e["ts"] for e in ev
+             if not _is_kernel(e) and "correlation" in e.get("args", {})}
+    return {id(k): calls.get(k.get("args", {}).get("correlation"), k["ts"]) for k in ev if _is_kernel(k)}
 
 
 def steps(trace: dict, prefix: str = PREFIX) -> list:
     """The annotated steps of one rank's trace, in time order."""
     ev = _events(trace)
-    marks = [e for e in ev if e.get("name", "").startswith(prefix)]
-    main_tids = {e["tid"] for e in marks}
+    marks = [e for e in ev if e.get("name", "").startswith(prefix) and not _is_kernel(e)
+             and e.get("cat") != "gpu_user_annotation"]
     comm = comm_events(trace)
-    on_main = [e for e in ev if e["tid"] in main_tids]
-    enqueue = [(e["ts"], e["ts"] + e["dur"]) for e in on_main if e.get("name", "").startswith(_ENQUEUE)]
-    bwd = subtract([(e["ts"], e["ts"] + e["dur"]) for e in on_main
+    # backward runs on the calling thread for CPU tensors, on the engine's device thread for CUDA
+    cpu = [e for e in ev if not _is_kernel(e)]
+    enqueue = [(e["ts"], e["ts"] + e["dur"]) for e in cpu if e.get("name", "").startswith(_ENQUEUE)]
+    bwd = subtract([(e["ts"], e["ts"] + e["dur"]) for e in cpu
                     if e.get("name", "").startswith(_BACKWARD_OP)], enqueue)
+    launched = _launched_at(ev)
+    compute_kernels = [e for e in ev if _is_kernel(e) and not _is_nccl(e)]
+    nccl_kernels = [e for e in ev if _is_nccl(e)]
     out = []
     for m in sorted((e for e in marks if e["name"] == prefix + "step"), key=lambda e: e["ts"]):
         s, t = m["ts"], m["ts"] + m["dur"]
@@ -140,30 +167,51 @@ def steps(trace: dict, prefix: str = PREFIX) -> list:
         if "backward" in step.phases:
             step.backward_ops = intersect(bwd, [step.phases["backward"]])
         step.comm = [(a, b) for a, b in comm if s <= a < t]
+        if compute_kernels or nccl_kernels:
+            step.on_gpu = True
+            mine = lambda k: s <= launched[id(k)] < t
+            step.comm = sorted((k["ts"], k["ts"] + k["dur"]) for k in nccl_kernels if mine(k))
+            for name, (a, b) in step.phases.items():
+                step.kernels[name] = union((k["ts"], k["ts"] + k["dur"]) for k in compute_kernels
+                                           if mine(k) and a <= launched[id(k)] < b)
         out.append(step)
     return out
 
 
+def _parts(busy: dict, comm: list, window: tuple) -> dict:
+    """Disjoint parts of `window`: each busy kind (earlier kinds win where they overlap), comm
+    while nothing was busy (exposed), and the rest (other)."""
+    inside, taken, out = [window], [], {}
+    for k, v in busy.items():
+        part = subtract(intersect(v, inside), taken)
+        out[k] = length(part) / 1e6
+        taken = union(taken + part)
+    out["exposed comm"] = length(intersect(subtract(comm, taken), inside)) / 1e6
+    out["other"] = length(subtract(inside, taken + comm)) / 1e6
+    out["comm"] = length(intersect(comm, inside)) / 1e6
+    out["hidden comm"] = out["comm"] - out["exposed comm"]
+    out["step"] = (window[1] - window[0]) / 1e6
+    return out
+
+
 def budget(step: Step) -> dict:
-    """Seconds of each part of the step. The parts are disjoint sets of instants of the main
-    thread, so they add up to the step: forward, backward compute, optimizer and data are
-    spans; exposed comm is all-reduce time when none of those ran; other is what is left."""
+    """Seconds of each part of the step, parts that add up to the step. CPU trace: disjoint sets of
+    instants of the main thread (forward, backward compute, optimizer and data; exposed comm is
+    all-reduce time when none of those ran; other is what is left). GPU trace: the same split of
+    the device's time, from the step's first kernel to its last, by kernels."""
     ph = step.phases
+    if step.on_gpu:
+        spans = [p for v in step.kernels.values() for p in v] + step.comm
+        if not spans:
+            raise ValueError(f"the step at ts={step.start} launched no CUDA kernel: put the step's CUDA work "
+                             f"inside record_function({PREFIX + 'step'!r})")
+        window = (min(a for a, _ in spans), max(b for _, b in spans))
+        return _parts({k: step.kernels.get(k, []) for k in PHASES}, step.comm, window)
     busy = {"data": [ph["data"]] if "data" in ph else [],
             "forward": [ph["forward"]] if "forward" in ph else [],
             "backward": step.backward_ops,
             "optimizer": [ph["optimizer"]] if "optimizer" in ph else []}
-    inside = [(step.start, step.end)]
-    compute = union([p for v in busy.values() for p in v])
-    exposed = intersect(subtract(step.comm, compute), inside)
-    other = subtract(inside, compute + step.comm)
-    out = {k: length(intersect(v, inside)) / 1e6 for k, v in busy.items()}
-    out["exposed comm"] = length(exposed) / 1e6
-    out["other"] = length(other) / 1e6
-    out["comm"] = length(intersect(step.comm, inside)) / 1e6
-    out["hidden comm"] = out["comm"] - out["exposed comm"]
-    out["step"] = step.dur / 1e6
-    return out
+    return _parts(busy, step.comm, (step.start, step.end))
 
 
 def mean_budget(all_steps) -> dict:

@@ -91,7 +91,7 @@ def cluster_speedups(rows_by_case: dict, n: int):
     ax.axvline(n, color="black", ls="--", lw=1, label=f"ideal {n}x")
     ax.set_yticks(np.arange(len(links)) + width * (len(rows_by_case) - 1) / 2, links, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel(f"predicted speedup on {n} GPUs (documented link figures, not measured here)")
+    ax.set_xlabel(f"predicted speedup on {n} GPUs (nominal bandwidths, assumed latencies: not measured here)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig

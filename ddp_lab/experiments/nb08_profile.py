@@ -63,7 +63,7 @@ def make(name, ctx, group):
 
 def train_step(model, optimizer, it, ctx, sleep_s=0.0, log="none", acc=None):
     """One step, its phases marked for the profiler. log: how the loss is logged; the seconds
-    the logging itself took are added to acc["log_s"]."""
+    the logging itself took are added to acc["log_s"], each global-loss reduction's to acc["calls"]."""
     with record_function(MARK + "step"):
         with record_function(MARK + "data"):
             x, y = next(it)
@@ -82,27 +82,33 @@ def train_step(model, optimizer, it, ctx, sleep_s=0.0, log="none", acc=None):
     t0 = time.perf_counter()
     if log == "item":            # the survey's `total_loss += loss.item() * n`, every step
         acc["sum"] += loss.item() * len(y)
-    elif log == "all_reduce":    # a global loss printed every step: one more collective per step
+    elif log == "all_reduce":    # a global loss every step: on gloo a synchronous collective per step
         t = torch.stack([loss.detach() * len(y), torch.tensor(float(len(y)), device=ctx.device)])
         dist.all_reduce(t, group=acc["group"])
         acc["value"] = (t[0] / t[1]).item()
+        acc["calls"].append(time.perf_counter() - t0)
     elif log == "every_n":       # keep the sum on the device; reduce and read it every N steps
         acc["dev"] += loss.detach() * len(y)
         acc["count"] += len(y)
         acc["steps"] += 1
         if acc["steps"] % acc["every"] == 0:
+            t1 = time.perf_counter()
             t = torch.stack([acc["dev"], torch.tensor(float(acc["count"]), device=ctx.device)])
             dist.all_reduce(t, group=acc["group"])
             acc["value"] = (t[0] / t[1]).item()
+            acc["calls"].append(time.perf_counter() - t1)
     acc["log_s"] += time.perf_counter() - t0
     return loss
 
 
 def timed(model, optimizer, it, ctx, n, **kw):
+    cuda = ctx.device.type == "cuda"
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
         train_step(model, optimizer, it, ctx, **kw)
+        if cuda:
+            torch.cuda.synchronize()  # CUDA calls return at launch: wait for the kernels to run
         times.append(time.perf_counter() - t0)
     return times
 
@@ -130,11 +136,11 @@ def logging_rounds(ctx, group, global_batch, steps, rounds, every):
     it = batches(2, ctx.rank, global_batch, seed=2)
     timed(model, optimizer, it, ctx, 5)
     ways = ("every_n", "item", "all_reduce")
-    log_s, step_s = {w: [] for w in ways}, {w: [] for w in ways}
+    log_s, step_s, calls = {w: [] for w in ways}, {w: [] for w in ways}, {w: [] for w in ways}
     for _ in range(rounds):
         for way in ways:
             acc = {"sum": 0.0, "dev": torch.zeros((), device=ctx.device), "count": 0, "steps": 0,
-                   "every": every, "log_s": 0.0, "group": group}
+                   "every": every, "log_s": 0.0, "group": group, "calls": calls[way]}
             dist.barrier(group=group)
             t0 = time.perf_counter()
             for _ in range(steps):
@@ -143,7 +149,7 @@ def logging_rounds(ctx, group, global_batch, steps, rounds, every):
             log_s[way].append(acc["log_s"] / steps)
     for way in ways:  # each round holds steps // every of every_n's all-reduces: its median is theirs
         ctx.record(kind="logging", way=way, every=every, log_s=statistics.median(log_s[way]),
-                   step_s=statistics.median(step_s[way]))
+                   step_s=statistics.median(step_s[way]), rounds_log_s=log_s[way], calls_s=calls[way])
     del model, optimizer
 
 
