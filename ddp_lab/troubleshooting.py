@@ -1,4 +1,4 @@
-"""Two checks to paste into a DDP training loop (notebook 07).
+"""Two checks to paste into a DDP training loop (notebook 07), and the NaN guard they pair with.
 
     from ddp_lab.troubleshooting import replica_check, finite_everywhere
 
@@ -6,15 +6,22 @@
     if not report.ok:
         print(report)                        # which ranks differ from rank 0, and in which tensors
 
-    ok, bad = finite_everywhere(loss)        # every rank calls it; collective
-    if ok:
-        loss.backward(); optimizer.step()
-    # else: every rank skips this step together (`bad` lists the ranks with NaN/inf)
+    loss.backward()                          # DDP all-reduces: every rank now holds the same gradients
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if torch.isfinite(norm):                 # the same norm on every rank, so the same decision:
+        optimizer.step()                     # a NaN anywhere skips the step everywhere, no collective
 
-replica_check hashes every parameter and buffer (the exact bytes, so a difference in the last
-bit counts), all-gathers one 63-bit hash per tensor and compares each rank with rank 0, the rank
-DDP broadcasts from when it wraps a model. It costs one all_gather of 8 bytes per tensor: cheap
-enough to run every few hundred steps.
+    ok, bad = finite_everywhere(loss)        # diagnosis: which ranks have a NaN/inf loss (collective)
+
+replica_check hashes the exact bytes of every parameter (a difference in the last bit counts)
+and of every buffer DDP will not overwrite, all-gathers one 63-bit hash per tensor and compares
+each rank with rank 0, the rank DDP broadcasts from. Under DDP's default broadcast_buffers=True
+the buffers are skipped: the next forward re-sends rank 0's, and BatchNorm's running statistics
+differ between ranks after every step of a healthy model. The cost is not the all-gather but the
+hashing: every tensor is copied to the CPU and hashed byte by byte (notebook 07 times it). It is
+a diagnostic for every few hundred steps or before saving, not for the hot loop.
+
+finite_everywhere costs a host sync and an all_gather: use it to name the bad rank, not every step.
 
 Also here, for notebook 07 and its probes (ddp_lab/experiments/nb07_*.py): TwoHeads and Twice,
 the models whose unused or twice-used parameters break DDP, and LATE_RANK, the rank that never
@@ -28,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 
@@ -37,10 +45,12 @@ class ReplicaReport:
     differing_ranks: list = field(default_factory=list)    # ranks whose tensors differ from rank 0's
     differing_tensors: list = field(default_factory=list)  # names, as in model.state_dict()
     world_size: int = 1
+    unchecked: list = field(default_factory=list)          # buffers left out (DDP overwrites them)
 
     def __str__(self) -> str:
         if self.ok:
-            return f"all {self.world_size} replicas are identical"
+            left = f" ({len(self.unchecked)} buffer(s) not compared: DDP re-sends rank 0's)" if self.unchecked else ""
+            return f"all {self.world_size} replicas are identical{left}"
         names = ", ".join(self.differing_tensors[:6]) + (" ..." if len(self.differing_tensors) > 6 else "")
         return f"ranks {self.differing_ranks} differ from rank 0 in {len(self.differing_tensors)} tensor(s): {names}"
 
@@ -54,15 +64,30 @@ def tensor_hash(t: torch.Tensor) -> int:
     return int.from_bytes(h.digest(), "little") & (2**63 - 1)
 
 
-def replica_check(model: torch.nn.Module, group=None) -> ReplicaReport:
-    """Compare every parameter and buffer across ranks. Collective: every rank must call it."""
+def replica_check(model: torch.nn.Module, group=None, buffers: bool | None = None) -> ReplicaReport:
+    """Compare parameters, and buffers DDP will not overwrite, across ranks. Collective.
+
+    buffers=None (the default) compares buffers unless `model` is a DDP that syncs them
+    (broadcast_buffers=True, called forward_sync_buffers since torch 2.13; both default to True):
+    its next training forward replaces every rank's buffers with rank 0's
+    before using them. True compares them anyway (they differ after any step of a BatchNorm
+    model, healthy or not); False never compares them.
+    """
+    if buffers not in (None, True, False):
+        raise ValueError(f"buffers={buffers!r}: pass None (skip them when DDP broadcasts them), True or False")
     module = getattr(model, "module", model)  # a DDP wrapper or the bare model, same names
-    names, hashes = [], []
+    if buffers is None:
+        buffers = not (isinstance(model, DistributedDataParallel) and _syncs_buffers(model))
+    buffer_names = {n for n, _ in module.named_buffers()}
+    names, hashes, unchecked = [], [], []
     for name, t in module.state_dict(keep_vars=False).items():
+        if name in buffer_names and not buffers:
+            unchecked.append(name)
+            continue
         names.append(name)
         hashes.append(tensor_hash(t))
     if not (dist.is_available() and dist.is_initialized()):
-        return ReplicaReport(True, world_size=1)
+        return ReplicaReport(True, world_size=1, unchecked=unchecked)
     mine = torch.tensor(hashes, dtype=torch.int64, device=_device(group))
     world = dist.get_world_size(group)
     gathered = [torch.empty_like(mine) for _ in range(world)]
@@ -70,7 +95,7 @@ def replica_check(model: torch.nn.Module, group=None) -> ReplicaReport:
     ref = gathered[0]
     ranks = [r for r in range(world) if not torch.equal(gathered[r], ref)]
     tensors = [n for i, n in enumerate(names) if any(g[i] != ref[i] for g in gathered)]
-    return ReplicaReport(not ranks, ranks, tensors, world)
+    return ReplicaReport(not ranks, ranks, tensors, world, unchecked)
 
 
 def finite_everywhere(*tensors: torch.Tensor, group=None) -> tuple[bool, list]:
@@ -78,7 +103,8 @@ def finite_everywhere(*tensors: torch.Tensor, group=None) -> tuple[bool, list]:
 
     Collective: all-gathers one flag per rank, so every rank takes the same decision (skip the
     step together; a rank that skipped backward alone would leave the others waiting in DDP's
-    all-reduce).
+    all-reduce). It costs a host sync and an all_gather: a tool for naming the bad rank. To skip
+    bad steps in training, test the gradient norm after backward (see the module docstring).
     """
     flag = float(all(bool(torch.isfinite(t).all()) for t in tensors))
     if not (dist.is_available() and dist.is_initialized()):
@@ -89,6 +115,11 @@ def finite_everywhere(*tensors: torch.Tensor, group=None) -> tuple[bool, list]:
     dist.all_gather(flags, flag, group=group)
     bad = [r for r, f in enumerate(flags) if f.item() == 0.0]
     return not bad, bad
+
+
+def _syncs_buffers(ddp_model) -> bool:
+    # torch 2.13 renamed broadcast_buffers to forward_sync_buffers (the old name is an alias)
+    return bool(getattr(ddp_model, "forward_sync_buffers", getattr(ddp_model, "broadcast_buffers", True)))
 
 
 def _device(group) -> str:

@@ -24,6 +24,8 @@ def test_tensor_hash_sees_the_last_bit_and_the_shape():
 
 def test_without_a_process_group_the_checks_are_a_world_of_one():
     assert replica_check(nn.BatchNorm1d(3)).ok
+    assert replica_check(nn.BatchNorm1d(3), buffers=False).unchecked == ["running_mean", "running_var",
+                                                                         "num_batches_tracked"]
     assert finite_everywhere(torch.tensor(1.0)) == (True, [])
     assert finite_everywhere(torch.tensor([1.0, float("nan")])) == (False, [0])
     assert finite_everywhere(torch.tensor(1.0), torch.tensor(float("inf"))) == (False, [0])
@@ -33,6 +35,7 @@ def test_report_names_ranks_and_tensors():
     text = str(ReplicaReport(False, [1, 3], ["a.weight", "bn.running_mean"], 4))
     assert "[1, 3]" in text and "bn.running_mean" in text
     assert str(ReplicaReport(True, world_size=4)) == "all 4 replicas are identical"
+    assert "2 buffer(s) not compared" in str(ReplicaReport(True, world_size=2, unchecked=["a", "b"]))
 
 
 def test_checks_in_a_two_rank_job():
@@ -43,8 +46,16 @@ def test_checks_in_a_two_rank_job():
         bug = case["one_rank_step", rank]["bug"]
         assert bug["differing_ranks"] == [1] and bug["differing_tensors"] == model_tensors
         assert case["one_rank_step", rank]["fixed"]["ok"]
-        assert case["bn_buffers", rank]["report"]["differing_tensors"] == ["1.running_mean", "1.running_var"]
-        assert case["nan", rank]["checked"]["skipped"] == [{"step": 1, "bad_ranks": [1]}]
-        assert case["nan", rank]["checked"]["params_finite"]
-        assert not case["nan", rank]["unchecked"]["params_finite"]
+        assert "ready only once" in case["reentrant", rank]["use_reentrant_True"]
+        assert case["reentrant", rank]["use_reentrant_True_static_graph"] == "all 2 replicas are identical"
+        bn = case["bn_buffers", rank]
+        assert bn["broadcast_False"]["default"]["differing_tensors"] == ["1.running_mean", "1.running_var"]
+        assert bn["broadcast_True"]["default"]["ok"]                       # no alarm on the fix
+        assert bn["broadcast_True"]["after_next_forward"]["ok"]
+        nan = case["nan", rank]
+        assert not nan["unchecked"]["params_finite"]
+        for guard in ("finite_everywhere", "grad_norm"):
+            assert [s["step"] for s in nan[guard]["skipped"]] == [1]       # every rank skipped step 1
+            assert nan[guard]["params_finite"] and nan[guard]["identical"]
+        assert nan["finite_everywhere"]["skipped"][0]["bad_ranks"] == [1]
         assert case["release", rank]["alive_after_collect"] == 0

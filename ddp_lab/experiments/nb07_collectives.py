@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_collectives
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_collectives --abort
+    torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_collectives --cases shape_detail
 
 Each failure runs in a fresh process group of its own (a 3 s timeout), so one launch can show
 several: the error each rank raised is caught and recorded (kind="case"), then the next case
@@ -82,9 +83,15 @@ CASES = [("skip", skip_alone, False), ("skip_detail", skip, True), ("monitored",
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--abort", action="store_true", help="end with a mismatch on plain gloo")
+    parser.add_argument("--cases", default=",".join(name for name, _, _ in CASES),
+                        help="comma-separated cases to run, in the order above (default: all)")
     args = parser.parse_args(argv)
+    chosen = args.cases.split(",")
+    unknown = sorted(set(chosen) - {name for name, _, _ in CASES})
+    if unknown:
+        parser.error(f"unknown case(s) {unknown}; choose from {[name for name, _, _ in CASES]}")
     with runtime.distributed() as ctx:
-        for name, case, detail in CASES:
+        for name, case, detail in (c for c in CASES if c[0] in chosen):
             g = group(detail)
             try:
                 out, error = case(ctx, g) or {}, None

@@ -11,10 +11,13 @@ raises and records it (kind="case"), so one launch shows them all:
   unused_detail    the same under TORCH_DISTRIBUTED_DEBUG=DETAIL: the parameters are named
   unused_fixed     find_unused_parameters=True, and its cost against plain DDP (timed)
   never_used       a head never used: static_graph=True
-  reentrant        a layer used twice, each use in reentrant activation checkpointing, then use_reentrant=False
+  reentrant        a layer used twice, each use in reentrant activation checkpointing, then
+                   use_reentrant=False, then reentrant again with static_graph=True
   one_rank_step    optimizer.step() on rank 0 only, then on every rank: replica_check
-  bn_buffers       BatchNorm with broadcast_buffers=False: replica_check names the buffers
-  nan              a NaN in rank 1's batch, unchecked and checked with finite_everywhere
+  bn_buffers       BatchNorm with broadcast_buffers=False: replica_check names the buffers; with the
+                   default broadcast it stays quiet, and the next forward makes the buffers equal
+  nan              a NaN in rank 1's batch: unchecked, guarded by finite_everywhere (names the
+                   rank) and by the gradient norm (no extra collective)
 
 The models TwoHeads (an auxiliary head used on even steps) and Twice (a layer in two
 checkpointed blocks) are in ddp_lab.troubleshooting, where the notebook reads their parameters.
@@ -130,12 +133,13 @@ def never_used(ctx):
 
 def reentrant(ctx):
     out = {}
-    for reentrant in (True, False):
+    for reentrant, static in ((True, False), (False, False), (True, True)):
+        key = f"use_reentrant_{reentrant}" + ("_static_graph" if static else "")
         try:
-            model = train(ddp(Twice(reentrant)), ctx.rank, 2)
-            out[f"use_reentrant_{reentrant}"] = str(replica_check(model))
+            model = train(ddp(Twice(reentrant), static_graph=static), ctx.rank, 2)
+            out[key] = str(replica_check(model))
         except Exception as exc:
-            out[f"use_reentrant_{reentrant}"] = f"{type(exc).__name__}: {exc}"
+            out[key] = f"{type(exc).__name__}: {exc}"
     return out
 
 
@@ -148,41 +152,68 @@ def one_rank_step(ctx):
     return {"bug": vars(bug), "fixed": vars(fixed), "bug_text": str(bug)}
 
 
+def bn_mlp():
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+
 def bn_buffers(ctx):
-    model = train(ddp(nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)),
-                      broadcast_buffers=False), ctx.rank, 3)
-    report = replica_check(model)
-    return {"report": vars(report), "text": str(report),
-            "buffers": [n for n, _ in model.module.named_buffers()]}
+    """BatchNorm without buffer broadcast (the bug) and with it (DDP's default, the fix)."""
+    out = {}
+    for broadcast in (False, True):
+        torch.manual_seed(0)
+        options = {} if broadcast else {"broadcast_buffers": False}   # the survey article's setting
+        model = train(ddp(bn_mlp(), **options), ctx.rank, 3)
+        out[f"broadcast_{broadcast}"] = {
+            "default": vars(replica_check(model)),              # what the check reports as shipped
+            "all_buffers": vars(replica_check(model, buffers=True))}
+    # The default's next forward (here an evaluation) first re-sends rank 0's buffers to every rank
+    model.eval()
+    with torch.no_grad():
+        model(batch(ctx.rank, 99)[0])
+    out["broadcast_True"]["after_next_forward"] = vars(replica_check(model, buffers=True))
+    out["buffers"] = [n for n, _ in model.module.named_buffers()]
+    return out
+
+
+def poisoned(rank, step):
+    x, y = batch(rank, step)
+    if rank == 1 and step == 1:
+        x[3, 2] = float("nan")                  # one bad sample on one rank
+    return x, y
+
+
+def guarded_step(model, optimizer, x, y, guard):
+    """One training step; returns None, or why every rank skipped it."""
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    own_loss_finite = bool(torch.isfinite(loss))
+    if guard == "finite_everywhere":            # diagnosis: a host sync and an all_gather every step
+        ok, bad = finite_everywhere(loss)
+        if not ok:
+            return {"own_loss_finite": own_loss_finite, "bad_ranks": bad}
+    loss.backward()                             # DDP all-reduces: a NaN on one rank reaches every rank
+    if guard == "grad_norm":                    # NEW: the same gradients give the same norm on every rank
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=float("inf"))
+        if not torch.isfinite(norm):            # so every rank skips together, with no extra collective
+            return {"own_loss_finite": own_loss_finite, "grad_norm": str(norm.item())}
+    optimizer.step()
+    return None
 
 
 def nan(ctx):
-    def poisoned(rank, step):
-        x, y = batch(rank, step)
-        if rank == 1 and step == 1:
-            x[3, 2] = float("nan")          # one bad sample on one rank
-        return x, y
-
     out = {}
-    for checked in (False, True):
+    for guard in (None, "finite_everywhere", "grad_norm"):
         torch.manual_seed(0)
         model = ddp(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         skipped = []
         for s in range(3):
-            x, y = poisoned(ctx.rank, s)
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            if checked:
-                ok, bad = finite_everywhere(loss)   # NEW: every rank learns who has a bad loss
-                if not ok:
-                    skipped.append({"step": s, "bad_ranks": bad})
-                    continue                        # every rank skips together: no hang
-            loss.backward()
-            optimizer.step()
-        finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        out["checked" if checked else "unchecked"] = {
-            "params_finite": finite, "skipped": skipped, "identical": replica_check(model).ok}
+            why = guarded_step(model, optimizer, *poisoned(ctx.rank, s), guard)
+            if why is not None:
+                skipped.append({"step": s, **why})
+        out[guard or "unchecked"] = {
+            "params_finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
+            "skipped": skipped, "identical": replica_check(model).ok}
     return out
 
 
