@@ -1,14 +1,21 @@
 """Memory arithmetic for data parallelism: DDP, ZeRO-1/2/3 and FSDP (notebook 09).
 
     from ddp_lab import beyond
-    r = beyond.RECIPES["mixed+adam"]                 # bytes per parameter, by kind
+    r = beyond.RECIPES["torch amp+adam"]             # bytes per parameter, by kind
     beyond.per_device(7e9, world=8, strategy="zero3", recipe=r)    # bytes on one device
     print(beyond.table([1e9, 7e9], world=8))          # the static table (handouts, nbval)
     beyond.calculator()                               # the same, with sliders (ipywidgets)
 
-Per parameter, training holds weights, gradients and optimizer state (for Adam, two moments;
-under mixed precision also an fp32 master copy of the weights, counted as optimizer state, as
-in the ZeRO paper). With P parameters on N devices (Rajbhandari et al. 2020, Fig. 1):
+Per parameter, training holds weights, gradients and optimizer state (for Adam, two moments).
+Mixed precision has two layouts, and the sharded totals differ between them:
+
+    torch-native  torch.autocast with DDP, ZeroRedundancyOptimizer or FSDP2: fp32 weights and
+                  gradients, bf16 only inside each op: 4 + 4 + 8 B/param (what notebook 09 measures)
+    DeepSpeed / Megatron-LM mixed precision: bf16 weights and gradients, and an fp32 master copy
+                  of the weights beside the fp32 moments, counted as optimizer state as in the
+                  ZeRO paper: 2 + 2 + 12 B/param
+
+With P parameters on N devices (Rajbhandari et al. 2020, Fig. 1):
 
     DDP      (w + g + o) P          every device holds everything
     ZeRO-1   (w + g) P + o P / N    optimizer state sharded
@@ -18,8 +25,12 @@ in the ZeRO paper). With P parameters on N devices (Rajbhandari et al. 2020, Fig
 rank_bytes() makes the same prediction for a real model, tensor by tensor, with the
 granularity torch really uses: ZeroRedundancyOptimizer gives each rank whole parameters
 (greedily, largest first), FSDP2 gives each rank a dim-0 chunk of every parameter
-(torch.chunk: ceil(rows / N) rows, the last ranks fewer). Activations come on top, per device,
-and are untouched by any of the four: they scale with the local batch (and sequence).
+(torch.chunk: ceil(rows / N) rows, the last ranks fewer).
+
+All of it is persistent state, not peak memory. Activations come on top, per device, untouched by
+any of the four (they scale with the local batch and sequence), and so do runtime buffers: FSDP's
+all-gathered layers and the next one prefetched, reduce-scatter buffers, the CUDA context, NCCL's
+buffers, the caching allocator's fragmentation and autocast's cache of cast weights.
 """
 from __future__ import annotations
 
@@ -32,34 +43,56 @@ LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3/F
 
 @dataclass(frozen=True)
 class Recipe:
-    """Bytes per parameter: weights (w), gradients (g), optimizer state incl. master weights (o)."""
+    """Bytes per parameter: weights (w), gradients (g), optimizer state incl. master weights (o),
+    and the framework that lays memory out this way."""
     name: str
     w: int
     g: int
     o: int
+    layout: str = ""
 
     @property
     def total(self) -> int:
         return self.w + self.g + self.o
 
 
+TORCH = "PyTorch: DDP, ZeroRedundancyOptimizer, FSDP2"
+DEEPSPEED = "DeepSpeed ZeRO, Megatron-LM"
 RECIPES = {
-    "fp32+sgd": Recipe("fp32, SGD (no momentum)", 4, 4, 0),
-    "fp32+momentum": Recipe("fp32, SGD + momentum", 4, 4, 4),
-    "fp32+adam": Recipe("fp32, Adam (m, v)", 4, 4, 8),
-    "mixed+adam": Recipe("bf16/fp16 + fp32 master, Adam", 2, 2, 12),
-    "mixed+adam fp32 grads": Recipe("bf16/fp16 + fp32 master and grads, Adam", 2, 4, 12),
-    "fp16 weights only": Recipe("fp16 weights, inference", 2, 0, 0),
+    "fp32+sgd": Recipe("fp32, SGD (no momentum)", 4, 4, 0, TORCH),
+    "fp32+momentum": Recipe("fp32, SGD + momentum", 4, 4, 4, TORCH),
+    "fp32+adam": Recipe("fp32, Adam (m, v)", 4, 4, 8, TORCH),
+    "torch amp+adam": Recipe("torch.autocast bf16, Adam: fp32 weights, grads", 4, 4, 8, TORCH),
+    "master+adam": Recipe("bf16 weights, grads + fp32 master, Adam", 2, 2, 12, DEEPSPEED),
+    "master+adam fp32 grads": Recipe("bf16 weights + fp32 master and grads, Adam", 2, 4, 12, DEEPSPEED),
+    "fp16 weights only": Recipe("fp16 weights, inference", 2, 0, 0, "any"),
 }
+DEFAULT = "torch amp+adam"   # the layout notebook 09 measures, tensor by tensor
+
+# The tool that gives each stage in each layout. torch has no ZeRO-2 of its own: FSDP2 with
+# reshard_after_forward=False communicates like ZeRO-2 but shards the weights at rest too and
+# holds each layer's weights whole from its forward to its backward.
+TOOLS = {TORCH: {"ddp": "DDP", "zero1": "DDP + ZeroRedundancyOptimizer", "zero2": "none in torch",
+                 "zero3": "FSDP2 fully_shard"},
+         DEEPSPEED: {"ddp": "ZeRO stage 0", "zero1": "ZeRO stage 1", "zero2": "ZeRO stage 2",
+                     "zero3": "ZeRO stage 3"}}
 
 
 def per_device(params: float, world: int, strategy: str, recipe: Recipe) -> dict:
-    """Bytes of weights, gradients and optimizer state on one device (ideal, evenly divisible)."""
+    """Persistent bytes of weights, gradients and optimizer state on one device (ideal, evenly
+    divisible), before activations and runtime buffers."""
     n = world
     shard = {"ddp": (1, 1, 1), "zero1": (1, 1, n), "zero2": (1, n, n), "zero3": (n, n, n)}[strategy]
     out = {k: params * getattr(recipe, k) / d for k, d in zip(("w", "g", "o"), shard)}
     out["total"] = sum(out.values())
     return out
+
+
+def devices_needed(params: float, strategy: str, recipe: Recipe, device_bytes: float,
+                   most: int = 4096) -> int | None:
+    """Fewest devices whose persistent state fits in device_bytes each (None: not even `most`)."""
+    return next((n for n in range(1, most + 1)
+                 if per_device(params, n, strategy, recipe)["total"] <= device_bytes), None)
 
 
 def activation_bytes_transformer(batch, seq, hidden, layers, heads, flash=False) -> float:
@@ -97,8 +130,8 @@ def saved_activation_floats(model, x) -> int:
 
 # --- communication per step, in the alpha-beta model of notebook 03 -----------------------------
 # (op, payload bytes S) -> (latency rounds, bytes each rank receives), ring algorithms; broadcast
-# as a pipelined chain (one round to fill, then S bytes reach every rank).
-ALPHA_S, BETA_S_PER_B = 223e-6, 0.984e-9   # notebook 03's fit of gloo on a 2-core laptop
+# as a pipelined chain (one round to fill, then S bytes reach every rank). alpha and beta come
+# from notebook 03's record (costmodel.load_fit), never from a constant.
 
 
 def comm_terms(op: str, nbytes: float, world: int) -> tuple[float, float]:
@@ -112,11 +145,13 @@ def comm_terms(op: str, nbytes: float, world: int) -> tuple[float, float]:
     raise ValueError(f"unknown collective {op!r}")
 
 
-def comm_cost(calls, world: int, alpha: float = ALPHA_S, beta: float = BETA_S_PER_B) -> dict:
-    """Sum over a step's collectives [(op, S), ...]: calls, rounds, bytes received, seconds."""
+def comm_cost(calls, world: int, alpha: float | None = None, beta: float | None = None) -> dict:
+    """Sum over a step's collectives [(op, S), ...]: calls, rounds, bytes received, and seconds
+    when alpha and beta are given (None otherwise)."""
     rounds = sum(comm_terms(op, s, world)[0] for op, s in calls)
     moved = sum(comm_terms(op, s, world)[1] for op, s in calls)
-    return {"calls": len(calls), "rounds": rounds, "bytes": moved, "seconds": rounds * alpha + moved * beta}
+    seconds = None if alpha is None or beta is None else rounds * alpha + moved * beta
+    return {"calls": len(calls), "rounds": rounds, "bytes": moved, "seconds": seconds}
 
 
 # --- the same prediction, tensor by tensor, for a real model (fp32, Adam) -------------------------
@@ -182,12 +217,13 @@ def gb(x: float) -> str:
     return f"{x / 1e9:,.1f}"
 
 
-def table(param_counts=(1e9, 7e9, 70e9), world: int = 8, recipe: Recipe = RECIPES["mixed+adam"],
+def table(param_counts=(1e9, 7e9, 70e9), world: int = 8, recipe: Recipe = RECIPES[DEFAULT],
           device_gb: float = 80.0) -> str:
-    """Per-device GB (10^9 bytes) of weights + grads + optimizer state, without activations."""
+    """Per-device GB (10^9 bytes) of weights + grads + optimizer state: persistent state only."""
     head = f"{'params':>8} | " + " | ".join(f"{LABELS[s]:>11}" for s in STRATEGIES)
-    lines = [f"{recipe.name}, {recipe.total} B/param, {world} devices: GB per device",
-             f"(* = fits in {device_gb:g} GB, before activations)", head, "-" * len(head)]
+    lines = [f"{recipe.name} ({recipe.layout}), {recipe.w}+{recipe.g}+{recipe.o} B/param, "
+             f"{world} devices: GB per device",
+             f"(* = fits in {device_gb:g} GB, before activations and runtime buffers)", head, "-" * len(head)]
     for n in param_counts:
         cells = []
         for s in STRATEGIES:
@@ -212,12 +248,13 @@ def calculator(params_b: float = 7.0, world: int = 8):
         print(table([params_b * 1e9], world=world, recipe=r, device_gb=device_gb))
         for s in STRATEGIES:
             d = per_device(params_b * 1e9, world, s, r)
-            print(f"  {LABELS[s]:<12} w {gb(d['w']):>7}  g {gb(d['g']):>7}  o {gb(d['o']):>7} GB")
+            print(f"  {LABELS[s]:<12} w {gb(d['w']):>7}  g {gb(d['g']):>7}  o {gb(d['o']):>7} GB"
+                  f"  ({TOOLS.get(r.layout, {}).get(s, '-')})")
 
     return W.interactive(show, params_b=W.FloatLogSlider(value=params_b, base=10, min=-1, max=3,
                                                          description="params (B)"),
                          world=W.IntSlider(value=world, min=1, max=1024, description="devices"),
-                         recipe=W.Dropdown(options=list(RECIPES), value="mixed+adam"),
+                         recipe=W.Dropdown(options=list(RECIPES), value=DEFAULT),
                          device_gb=W.FloatSlider(value=80, min=8, max=192, step=8, description="GB/device"))
 
 

@@ -120,3 +120,41 @@ def crossover_bytes(n, alpha, beta, a="tree", b="ring"):
         if PREDICTORS[b](s, n, alpha, beta) < PREDICTORS[a](s, n, alpha, beta):
             return s
     return None
+
+
+# --- the fitted alpha and beta, handed from notebook 03 to notebook 09 ----------------------------
+
+RECORD = "records/03_alpha_beta.json"   # relative to notebooks/, where both notebooks run
+
+
+def save_fit(path, alpha: float, beta: float, n: int, sizes, backend: str) -> dict:
+    """Write a fit of the ring model with what it was measured on, for other notebooks to read."""
+    import datetime
+    import json
+    import os
+    import platform
+
+    import torch
+    record = {"alpha_s": alpha, "beta_s_per_byte": beta, "ranks": n, "backend": backend,
+              "sizes_bytes": [int(s) for s in sizes],
+              "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "torch": torch.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+              "processor": platform.processor() or platform.machine()}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    return record
+
+
+def load_fit(path) -> dict | None:
+    """The record save_fit() wrote, or None if there is none (run notebook 03 to make it)."""
+    import json
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        return None
+    missing = {"alpha_s", "beta_s_per_byte"} - set(record)
+    if missing:
+        raise ValueError(f"{path} lacks {sorted(missing)}: re-run notebook 03 to write it again")
+    return record

@@ -93,3 +93,15 @@ def test_pipelining_moves_the_ring_tree_crossover_up_on_many_ranks():
         c = cross[n, "tree (pipelined)"]
         assert costmodel.ring(c, n, ALPHA, BETA) < costmodel.tree_pipelined(c, n, ALPHA, BETA)
         assert costmodel.ring(c / 2, n, ALPHA, BETA) >= costmodel.tree_pipelined(c / 2, n, ALPHA, BETA)
+
+
+def test_fit_record_round_trip(tmp_path):
+    path = tmp_path / "records" / "fit.json"
+    assert costmodel.load_fit(path) is None
+    costmodel.save_fit(path, 2e-4, 1e-9, 2, [4096, 2 ** 24], "gloo")
+    rec = costmodel.load_fit(path)
+    assert (rec["alpha_s"], rec["beta_s_per_byte"], rec["ranks"], rec["sizes_bytes"]) == (2e-4, 1e-9, 2, [4096, 2 ** 24])
+    assert rec["torch"] and rec["machine"] and rec["date_utc"]
+    path.write_text('{"alpha_s": 1}')
+    with pytest.raises(ValueError, match="re-run notebook 03"):
+        costmodel.load_fit(path)
