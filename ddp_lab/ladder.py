@@ -30,11 +30,11 @@ class Rung:
 
 RUNGS = [
     Rung("minimal_ddp.py", "the smallest correct DDP program",
-         "init_process_group, a DistributedSampler with set_epoch, DDP, a global epoch loss.\n"
+         "init_process_group (bound to its GPU by device_id), a DistributedSampler with set_epoch, DDP.\n"
          "Runs as one process or under torchrun, on CPUs (gloo) or one GPU per process (NCCL).",
          ("parse_args", "free_port", "setup", "build_data", "build_model", "train", "main")),
     Rung("ddp2_metrics.py", "metrics done right",
-         "Global loss and samples/s every --log-every steps, an exact validation pass, JSON lines.\n"
+         "The digits instead of rung 1's synthetic set; global loss and samples/s, exact validation.\n"
          "Rank 0's own numbers describe 1/N of the data; the padded sampler counts samples twice.",
          ("parse_args", "build_data", "load_digits_split", "Metrics", "evaluation_loader", "evaluate",
           "Window", "say", "train")),
@@ -44,15 +44,16 @@ RUNGS = [
          ("parse_args", "setup", "ResumableSampler", "atomic_save", "resume_state", "rng_state",
           "set_rng_state", "resume", "save_checkpoint", "steps_left", "train")),
     Rung("ddp4_amp_accum.py", "a bigger batch, cheaply",
-         "Mixed precision (bf16, fp16 + GradScaler), accumulation with no_sync, LR scaling and warmup.\n"
-         "K micro-batches cost one all-reduce, not K; the effective batch needs its own learning rate.",
-         ("parse_args", "build_optimizer", "resume", "evaluate", "autocast", "is_sync_step", "group_size",
+         "Mixed precision, accumulation with no_sync, LR scaling and warmup, clipping, a NaN guard.\n"
+         "K micro-batches cost one all-reduce; a non-finite gradient norm skips the step on every rank.",
+         ("parse_args", "build_optimizer", "resume", "evaluate", "optimizer_step", "autocast", "is_sync_step",
+          "group_size",
           "steps_left", "train")),
     Rung("ddp5_errors.py", "clear errors",
          "Bad flags, unusable devices, more ranks than samples: one message, exit code 2, every rank.\n"
-         "Without it, each rank prints its own traceback, or one rank waits forever in a collective.",
+         "Without it, each rank prints its own traceback, or one waits forever; a too-big batch is capped.",
          ("parse_args", "UsageError", "validate", "agree", "pick_device", "setup", "load_digits_split",
-          "check_start", "train", "main")),
+          "fit_batch", "check_start", "train", "main")),
     Rung("ddp6_checkpoint_errors.py", "checkpoints you can trust",
          "An unwritable folder, a full disk, an unreadable or mismatched checkpoint: one clear message.\n"
          "A failed save never damages the last good checkpoint, and no run resumes into the wrong model.",
@@ -60,9 +61,9 @@ RUNGS = [
           "read_checkpoint", "resume_state", "resume", "save_checkpoint", "check_start", "train")),
     Rung("ddp7_data_models.py", "your data and your model",
          "CIFAR-10, ImageFolder, synthetic data; a CNN, ResNet-18, dropout, BatchNorm, SyncBatchNorm.\n"
-         "Each rank draws its own random stream (dropout, augmentation) after identical initial weights.",
+         "Own random streams per rank after identical weights; rank 0's BatchNorm stats for evaluation.",
          ("parse_args", "validate", "load_digits_split", "build_data", "mlp_width", "build_model",
-          "run_spec", "rank_seed", "evaluation_loader", "train")),
+          "run_spec", "rank_seed", "evaluation_loader", "sync_buffers", "train")),
     Rung("train_ddp.py", "the production template",
          "A progress bar, torch.profiler traces, torch.compile, gradient compression, a crash drill.\n"
          "The tools for running and measuring real jobs; @record puts a rank's traceback in torchrun's summary.",

@@ -124,6 +124,8 @@ def setup(timeout: float | None = None) -> Context:
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
+    # NCCL binds this GPU at init (without device_id every barrier() warns it is guessing the GPU)
+    device_id = device if device.type == "cuda" else None
     limit = datetime.timedelta(seconds=timeout if timeout is not None else timeout_s())
     set_timeout = _timeout_setter()  # init may then wait longer than each collective
     startup = max(limit, datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)) if set_timeout else limit
@@ -138,11 +140,11 @@ def setup(timeout: float | None = None) -> Context:
                 attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
                 store = dist.PrefixStore(f"attempt{attempt}/", store)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                    timeout=startup)
+                                    timeout=startup, device_id=device_id)
         else:
             dist.init_process_group(
                 backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
-                rank=0, world_size=1, timeout=startup)
+                rank=0, world_size=1, timeout=startup, device_id=device_id)
         if set_timeout:
             set_timeout(limit)  # from here on, every collective
     return Context(rank, world_size, local_rank, local_world_size, device, backend, launched)
@@ -166,10 +168,11 @@ def distributed(timeout: float | None = None):
     A DDP model (and the gloo state it holds) must be freed before destroy_process_group: freed
     during interpreter exit instead, it can abort a rank that finished its work ("terminate
     called without an active exception", SIGABRT). What kept models alive that long was a
-    reference cycle: torch's first optimizer lazily imports torch._dynamo, and an import-time
-    cycle in torch (torch.fx.wrap keeps its own frame, pytorch/pytorch#195586) pins every frame
+    reference cycle: torch's first optimizer lazily imports torch._dynamo, and during that import
+    torch.fx.wrap keeps its own frame in a local, a reference cycle that pins every frame
     then on the stack, so a model local to a function outlived the function's return until the
     cycle collector ran. The gc.collect() before teardown frees it while the group still exists.
+    Seen with torch 2.14.1; harmless where the cycle is gone.
     """
     ctx = setup(timeout)
     try:

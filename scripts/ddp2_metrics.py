@@ -52,12 +52,14 @@ def setup():
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
+    # NCCL binds this GPU at init (without device_id every barrier() warns it is guessing the GPU)
+    device_id = device if device.type == "cuda" else None
     timeout = datetime.timedelta(seconds=300)  # a lost rank fails loudly, never hangs
     if "RANK" in os.environ:
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id)
     else:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
-                                rank=0, world_size=1, timeout=timeout)
+                                rank=0, world_size=1, timeout=timeout, device_id=device_id)
     return rank, world_size, device, backend
 
 
@@ -216,12 +218,13 @@ def main(argv=None):
     rank, world_size, device, backend = setup()
     try:
         train(args, rank, world_size, device, backend)
-        # train()'s frame (its DDP model, the gloo/NCCL state that holds) can outlive its
-        # return: the first optimizer lazily imports torch._dynamo, and an import-time reference
-        # cycle in torch (torch.fx.wrap keeps its own frame, pytorch/pytorch#195586) pins every
-        # frame then on the stack until Python's cycle collector runs. Freed only at interpreter
-        # exit, after destroy_process_group, it aborts a finished rank ("terminate called without
-        # an active exception"). Collect it now, while the group still exists.
+        # Seen with torch 2.14.1: train()'s frame (its DDP model, the gloo/NCCL state that holds)
+        # can outlive its return. The first optimizer lazily imports torch._dynamo, and during that
+        # import torch.fx.wrap keeps its own frame in a local: a reference cycle that pins every frame
+        # then on the stack until Python's cycle collector runs. Freed only at interpreter exit, after
+        # destroy_process_group, the model aborts a finished rank ("terminate called without an active
+        # exception"). Collect it now, while the group still exists; the line is harmless on a torch
+        # without the cycle, and can go once a model local to train() is freed when train() returns.
         gc.collect()
     finally:
         dist.destroy_process_group()

@@ -43,6 +43,8 @@ def parse_args(argv=None):
     a("--weight-decay", type=float, default=0.0)
     a("--seed", type=int, default=0)
     a("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    a("--clip-grad-norm", type=float, default=None, metavar="X",
+      help="clip the global gradient norm to X, once per optimizer step (default: measure, never clip)")
     a("--ckpt-dir", default=None)
     a("--save-every", type=int, default=100, help="steps between checkpoints")
     a("--resume", default="auto", help="auto (D/last.pt if it exists) | PATH | none")
@@ -68,6 +70,8 @@ def setup():
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
+    # NCCL binds this GPU at init (without device_id every barrier() warns it is guessing the GPU)
+    device_id = device if device.type == "cuda" else None
     timeout = datetime.timedelta(seconds=300)  # a lost rank fails loudly, never hangs
     if "RANK" in os.environ:
         store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
@@ -76,10 +80,11 @@ def setup():
             # restarted workers may read the dead workers' addresses and fail to connect. (Elastic
             # jobs that nodes join: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, a new store every round.)
             store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                                device_id=device_id)
     else:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
-                                rank=0, world_size=1, timeout=timeout)
+                                rank=0, world_size=1, timeout=timeout, device_id=device_id)
     return rank, world_size, device, backend
 
 
@@ -275,6 +280,21 @@ def evaluate(model, loader, device, amp_dtype):
     return (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item(), int(stats[2].item())
 
 
+def optimizer_step(optimizer, scaler, params, max_norm):
+    """Clip to max_norm (None: measure only) and step; returns (global gradient norm before
+    clipping, whether the step was skipped). After DDP's all-reduce every rank holds the same
+    gradients, so the norm and the skip are the same on every rank with no extra collective. A NaN
+    or inf on any rank reaches every rank's gradients: the step is skipped everywhere (the scaler
+    does it itself with fp16, lowering its scale); the step count and the schedule still advance."""
+    scaler.unscale_(optimizer)  # fp16: clip the true gradients, not the scaled ones (else a no-op)
+    norm = nn.utils.clip_grad_norm_(params, max_norm or math.inf)  # inf: gradients x 1.0, unchanged
+    skipped = not torch.isfinite(norm).item()  # one host sync per step, as GradScaler.step's own
+    if scaler.is_enabled() or not skipped:
+        scaler.step(optimizer)  # skips by itself when unscale_ found inf/NaN: never twice
+    scaler.update()
+    return norm, skipped
+
+
 def autocast(device, amp_dtype):
     """bf16/fp16 autocast, or no context at all for fp32 (a disabled autocast still costs time)."""
     return torch.autocast(device.type, amp_dtype) if amp_dtype else contextlib.nullcontext()
@@ -396,16 +416,15 @@ def train(args, rank, world_size, device, backend):
             if not sync:
                 continue
             lr_used = optimizer.param_groups[0]["lr"]  # this step's rate (the scheduler then sets the next)
-            scaler.step(optimizer)
-            scaler.update()
+            grad_norm, skipped = optimizer_step(optimizer, scaler, raw_model.parameters(), args.clip_grad_norm)
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             step, window.steps = step + 1, window.steps + 1
-            if step % args.log_every == 0 or step == max_steps:
-                rec = window.record(step=step, epoch=epoch, lr=lr_used)
+            if step % args.log_every == 0 or step == max_steps or skipped:  # a skip is always recorded
+                rec = window.record(step=step, epoch=epoch, lr=lr_used, grad_norm=grad_norm.item(), skipped=skipped)
                 metrics.write("train", **rec)
                 say(is_main, f"step {step} epoch {epoch} loss {rec['loss']:.4f} lr {lr_used:.4g} "
-                    f"{rec['samples_per_s']:.0f} samples/s")
+                    f"{rec['samples_per_s']:.0f} samples/s" + (" (skipped: non-finite gradients)" if skipped else ""))
             if last_pt and step % args.save_every == 0:
                 save_checkpoint(last_pt, stateful, (epoch, position + i * per_batch, step), run_config, device)
                 saved_step = step
@@ -430,12 +449,13 @@ def main(argv=None):
     rank, world_size, device, backend = setup()
     try:
         train(args, rank, world_size, device, backend)
-        # train()'s frame (its DDP model, the gloo/NCCL state that holds) can outlive its
-        # return: the first optimizer lazily imports torch._dynamo, and an import-time reference
-        # cycle in torch (torch.fx.wrap keeps its own frame, pytorch/pytorch#195586) pins every
-        # frame then on the stack until Python's cycle collector runs. Freed only at interpreter
-        # exit, after destroy_process_group, it aborts a finished rank ("terminate called without
-        # an active exception"). Collect it now, while the group still exists.
+        # Seen with torch 2.14.1: train()'s frame (its DDP model, the gloo/NCCL state that holds)
+        # can outlive its return. The first optimizer lazily imports torch._dynamo, and during that
+        # import torch.fx.wrap keeps its own frame in a local: a reference cycle that pins every frame
+        # then on the stack until Python's cycle collector runs. Freed only at interpreter exit, after
+        # destroy_process_group, the model aborts a finished rank ("terminate called without an active
+        # exception"). Collect it now, while the group still exists; the line is harmless on a torch
+        # without the cycle, and can go once a model local to train() is freed when train() returns.
         gc.collect()
     finally:
         dist.destroy_process_group()

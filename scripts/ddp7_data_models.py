@@ -56,6 +56,8 @@ def parse_args(argv=None):
     a("--weight-decay", type=float, default=0.0)
     a("--seed", type=int, default=0)
     a("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    a("--clip-grad-norm", type=float, default=None, metavar="X",
+      help="clip the global gradient norm to X, once per optimizer step (default: measure, never clip)")
     a("--ckpt-dir", default=None)
     a("--save-every", type=int, default=100, help="steps between checkpoints")
     a("--resume", default="auto", help="auto (D/last.pt if it exists) | PATH | none")
@@ -83,6 +85,8 @@ def validate(args) -> None:
         raise UsageError(f"--dropout must be in [0, 1) (got {args.dropout})")
     if args.lr <= 0:
         raise UsageError(f"--lr must be positive (got {args.lr})")
+    if args.clip_grad_norm is not None and not args.clip_grad_norm > 0:  # NaN fails this too
+        raise UsageError(f"--clip-grad-norm must be positive (got {args.clip_grad_norm})")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cuda = pick_device(args.device, args.backend, int(os.environ.get("LOCAL_WORLD_SIZE", 1)), gpus)[0] == "cuda"
     if args.sync_bn and not cuda:
@@ -146,6 +150,8 @@ def setup(args):
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
+    # NCCL binds this GPU at init (without device_id every barrier() warns it is guessing the GPU)
+    device_id = device if device.type == "cuda" else None
     timeout = datetime.timedelta(seconds=args.timeout)  # a lost rank fails loudly, never hangs
     if "RANK" in os.environ:
         store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
@@ -154,10 +160,11 @@ def setup(args):
             # restarted workers may read the dead workers' addresses and fail to connect. (Elastic
             # jobs that nodes join: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, a new store every round.)
             store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                                device_id=device_id)
     else:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
-                                rank=0, world_size=1, timeout=timeout)
+                                rank=0, world_size=1, timeout=timeout, device_id=device_id)
     return rank, world_size, local_rank, device, backend
 
 
@@ -525,6 +532,29 @@ def evaluate(model, loader, device, amp_dtype):
     return (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item(), int(stats[2].item())
 
 
+def sync_buffers(model):
+    """Rank 0's buffers (BatchNorm running statistics) on every rank, as DDP's next forward would
+    broadcast them: each rank's last forward updated its own, so without this every rank would
+    evaluate a slightly different model. One broadcast per buffer; none for a model without any."""
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
+
+
+def optimizer_step(optimizer, scaler, params, max_norm):
+    """Clip to max_norm (None: measure only) and step; returns (global gradient norm before
+    clipping, whether the step was skipped). After DDP's all-reduce every rank holds the same
+    gradients, so the norm and the skip are the same on every rank with no extra collective. A NaN
+    or inf on any rank reaches every rank's gradients: the step is skipped everywhere (the scaler
+    does it itself with fp16, lowering its scale); the step count and the schedule still advance."""
+    scaler.unscale_(optimizer)  # fp16: clip the true gradients, not the scaled ones (else a no-op)
+    norm = nn.utils.clip_grad_norm_(params, max_norm or math.inf)  # inf: gradients x 1.0, unchanged
+    skipped = not torch.isfinite(norm).item()  # one host sync per step, as GradScaler.step's own
+    if scaler.is_enabled() or not skipped:
+        scaler.step(optimizer)  # skips by itself when unscale_ found inf/NaN: never twice
+    scaler.update()
+    return norm, skipped
+
+
 def autocast(device, amp_dtype):
     """bf16/fp16 autocast, or no context at all for fp32 (a disabled autocast still costs time)."""
     return torch.autocast(device.type, amp_dtype) if amp_dtype else contextlib.nullcontext()
@@ -569,6 +599,18 @@ class Window:
         return rec
 
 
+def fit_batch(args, n, world_size, is_main) -> None:
+    """Cap --batch-size at one rank's share of the n training samples: a larger batch only ever
+    trains batches of that share, so the effective batch and any LR scaling must use the share."""
+    share = math.ceil(n / world_size)
+    if args.batch_size > share:
+        if is_main:
+            print(f"warning: --batch-size {args.batch_size} is more than a rank's share of the data "
+                  f"({n} samples / {world_size} ranks): each rank trains batches of {share}, and this run "
+                  f"uses --batch-size {share}", file=sys.stderr, flush=True)
+        args.batch_size = share
+
+
 def check_start(args, world_size, train_set, is_main) -> str | None:
     """What only the data and the filesystem reveal, found before the first step."""
     if world_size > len(train_set):
@@ -598,6 +640,7 @@ def train(args, rank, world_size, device, backend):
     train_set, val_set, classes = build_data(args, rank)
     shape = tuple(train_set[0][0].shape)  # one input sample's shape, read from the data itself
     agree(check_start(args, world_size, train_set, is_main))
+    fit_batch(args, len(train_set), world_size, is_main)  # before anything derives from the batch size
 
     torch.manual_seed(args.seed)  # identical init on every rank (DDP also broadcasts rank 0's)
     random.seed(args.seed)
@@ -664,16 +707,15 @@ def train(args, rank, world_size, device, backend):
             if not sync:
                 continue
             lr_used = optimizer.param_groups[0]["lr"]  # this step's rate (the scheduler then sets the next)
-            scaler.step(optimizer)
-            scaler.update()
+            grad_norm, skipped = optimizer_step(optimizer, scaler, raw_model.parameters(), args.clip_grad_norm)
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             step, window.steps = step + 1, window.steps + 1
-            if step % args.log_every == 0 or step == max_steps:
-                rec = window.record(step=step, epoch=epoch, lr=lr_used)
+            if step % args.log_every == 0 or step == max_steps or skipped:  # a skip is always recorded
+                rec = window.record(step=step, epoch=epoch, lr=lr_used, grad_norm=grad_norm.item(), skipped=skipped)
                 metrics.write("train", **rec)
                 say(is_main, f"step {step} epoch {epoch} loss {rec['loss']:.4f} lr {lr_used:.4g} "
-                    f"{rec['samples_per_s']:.0f} samples/s")
+                    f"{rec['samples_per_s']:.0f} samples/s" + (" (skipped: non-finite gradients)" if skipped else ""))
             if last_pt and step % args.save_every == 0:
                 save_checkpoint(last_pt, stateful, (epoch, position + i * per_batch, step), spec, run_config, device, saved_step)
                 saved_step = step
@@ -681,6 +723,7 @@ def train(args, rank, world_size, device, backend):
             if step >= max_steps:
                 break
         with window.paused():  # after every epoch, and where --max-steps stopped mid-epoch
+            sync_buffers(raw_model)  # every rank evaluates the same model
             loss, acc, count = evaluate(raw_model, val_loader, device, amp_dtype)
         metrics.write("eval", epoch=epoch, step=step, loss=loss, acc=acc, count=count)
         say(is_main, f"eval epoch {epoch} step {step}: loss {loss:.4f} acc {acc:.4f} ({count} samples)")
@@ -700,18 +743,22 @@ def main(argv=None):
         rank, world_size, _, device, backend = setup(args)
         try:
             train(args, rank, world_size, device, backend)
-            # train()'s frame (its DDP model, the gloo/NCCL state that holds) can outlive its
-            # return: the first optimizer lazily imports torch._dynamo, and an import-time reference
-            # cycle in torch (torch.fx.wrap keeps its own frame, pytorch/pytorch#195586) pins every
-            # frame then on the stack until Python's cycle collector runs. Freed only at interpreter
-            # exit, after destroy_process_group, it aborts a finished rank ("terminate called without
-            # an active exception"). Collect it now, while the group still exists.
+            # Seen with torch 2.14.1: train()'s frame (its DDP model, the gloo/NCCL state that holds)
+            # can outlive its return. The first optimizer lazily imports torch._dynamo, and during that
+            # import torch.fx.wrap keeps its own frame in a local: a reference cycle that pins every frame
+            # then on the stack until Python's cycle collector runs. Freed only at interpreter exit, after
+            # destroy_process_group, the model aborts a finished rank ("terminate called without an active
+            # exception"). Collect it now, while the group still exists; the line is harmless on a torch
+            # without the cycle, and can go once a model local to train() is freed when train() returns.
             gc.collect()
         finally:
             dist.destroy_process_group()
     except UsageError as e:
-        if int(os.environ.get("RANK", 0)) == 0:  # one message, not one per rank
-            print(f"error: {e}", file=sys.stderr, flush=True)
+        rank = int(os.environ.get("RANK", 0))
+        if rank != 0:  # one message, rank 0's (every rank reaches the same verdict): torchrun stops the
+            time.sleep(30)  # others once rank 0 exits, so none can exit first and cut rank 0's line off
+        # past the wait, only a rank with an error of its own, which rank 0 did not report
+        print(f"error: {e}" if rank == 0 else f"error (rank {rank}): {e}", file=sys.stderr, flush=True)
         sys.exit(2)
 
 

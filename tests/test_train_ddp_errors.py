@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from conftest import PROGRAMS
 from ddp_lab import launch
 
 SCRIPT = launch.script("train_ddp.py")
@@ -91,3 +92,17 @@ def test_more_ranks_than_samples(tmp_path, ckpt_dir, good_ckpt):
     assert "2 ranks but only 1 training samples" in errors[0][1] and "use fewer processes" in errors[0][1]
     assert not any("Traceback" in l for lines in run_.rank_lines.values() for l in lines)
     assert (ckpt_dir / "last.pt").read_bytes() == good_ckpt.read_bytes()
+
+
+def test_bad_flag_under_torchrun_is_rank_0s_one_line_and_exit_code_2(tmp_path):
+    # rank 0 starts 3 s late: a rank that exited at once would get rank 0 killed before it could speak
+    with pytest.raises(launch.LaunchError) as info:
+        launch.torchrun(PROGRAMS / "step_probe.py", nproc=2, stream=False, env={"RANK0_LATE_S": "3"},
+                        args=["train_ddp.py", "--batch-size", 0])
+    run_ = info.value.run
+    assert run_.returncode == 1  # torchrun's own status whenever a worker fails
+    errors = [(r, l) for r, lines in run_.rank_lines.items() for l in lines if l.startswith("error")]
+    assert errors == [(0, "error: --batch-size must be at least 1 (got 0)")]
+    # torchrun's summary: the root cause is rank 0, with the script's exit code
+    root = run_.log[run_.log.index("Root Cause"):]
+    assert "rank      : 0 (local_rank: 0)" in root and "exitcode  : 2 " in root, root

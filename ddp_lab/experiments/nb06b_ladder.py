@@ -3,7 +3,8 @@
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb06b_ladder --epochs 1
 
 Each rung's own train(args, rank, world_size, device, backend) runs on this program's process
-group (one launch instead of eight: each torchrun start costs seconds). Rungs 2 and up write
+group (one launch instead of eight: each torchrun start costs seconds), with its features off
+(rungs 4 and up: --lr-schedule constant, since the cosine schedule is on by default). Rungs 2 and up write
 their JSON-lines records to OUT/rungK.jsonl; rung 1 prints its epoch losses. The test suite
 launches every rung file on its own, as you would (tests/test_ladder.py).
 """
@@ -36,6 +37,8 @@ def main():
             flags = ["--epochs", str(args.epochs)]
             if k > 1:
                 flags += ["--metrics-out", os.path.join(args.out, f"rung{k}.jsonl"), "--log-every", "10"]
+            if k >= 4:  # features off: rung 4's cosine schedule is on by default
+                flags += ["--lr-schedule", "constant"]
             module.train(module.parse_args(flags), ctx.rank, ctx.world_size, ctx.device, ctx.backend)
             del module
             gc.collect()  # this rung's DDP model is gone before the next one is built
