@@ -1,5 +1,7 @@
 """ddp_lab.amp: what autocast changes, number ranges, loss scaling, GradScaler, clipping, cost."""
 import warnings
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -68,18 +70,35 @@ def test_ranges_agree_with_real_conversions():
     assert torch.tensor(r["bf16"]["min_normal"]).bfloat16().item() == r["bf16"]["min_normal"]
 
 
-def test_matmul_time_and_cpu_units():
-    for precision in ("fp32", "bf16", "fp16"):
-        assert amp.matmul_time(64, precision, steps=1) > 0
+def test_matmul_time_is_the_fastest_product_after_a_warm_up(monkeypatch):
+    # a fake clock: the warm-up product starts at 0 and is never timed; the 3 timed ones take 3, 2 and 4 ticks
+    ticks = iter([0, 10, 13, 20, 22, 30, 34])
+    monkeypatch.setattr(amp, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    assert amp.matmul_time(8, "bf16", steps=3) == 2
+    assert next(ticks, None) is None  # one warm-up plus exactly `steps` timed products
+
+
+def test_cpu_16bit_units_claim_only_what_the_cpu_has():
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo to compare with")
+    flags = set(cpuinfo.read_text().split())
     units = amp.cpu_16bit_units()
     assert set(units) == {"AVX512-BF16", "AMX (bf16)", "AMX-FP16"}
-    assert all(v in (True, False, None) for v in units.values())
+    for name, flag in (("AVX512-BF16", "avx512_bf16"), ("AMX (bf16)", "amx_tile"), ("AMX-FP16", "amx_fp16")):
+        assert units[name] is not True or flag in flags, (name, flag)
 
 
-def test_step_time_runs_every_precision():
+def test_step_time_trains_in_every_precision():
     x, y = torch.rand(4, 1, 8, 8), torch.randint(0, 10, (4,))
     for precision in ("fp32", "bf16", "fp16"):
-        assert amp.step_time(models.mlp(), x, y, precision, steps=1) > 0
+        torch.manual_seed(0)
+        model = models.mlp()
+        before = [p.detach().clone() for p in model.parameters()]
+        seconds = amp.step_time(model, x, y, precision, steps=1)
+        assert 0 < seconds < float("inf")
+        assert all(torch.isfinite(p).all() for p in model.parameters()), precision
+        assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters())), precision  # it stepped
 
 
 def test_deprecated_cuda_amp_is_disabled_without_a_gpu():

@@ -1,6 +1,9 @@
 # The survey article, section 3.4, fixed: the backend from the device and a timeout; the same seed
-# on every rank while the model is built, then a seed per rank; DDP's default broadcast_buffers=True.
+# on every rank while the model is built, then a seed per rank; DDP's default broadcast_buffers=True;
+# a checkpoint that holds the scheduler, written atomically by rank 0 and followed by a barrier; the DDP
+# model released before the process group is destroyed.
 import datetime
+import gc
 import os
 import random
 import numpy as np
@@ -37,7 +40,19 @@ def setup():
 
 
 def cleanup():
+    # a DDP model still alive here can abort the process at exit: train() releases it first
+    gc.collect()
     dist.destroy_process_group()
+
+
+def atomic_save(state, path):
+    # a crash mid-write leaves the previous checkpoint intact: write a temp file, then rename it
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def build_model(num_classes):
@@ -151,15 +166,18 @@ def train():
                 f"lr={scheduler.get_last_lr()[0]:.8f}"
             )
 
-            torch.save(
+            atomic_save(
                 {
                     "epoch": epoch,
                     "model": model.module.state_dict(),
-                    "optimizer": optimizer.state_dict()
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict()
                 },
                 "./checkpoint.pt"
             )
+        dist.barrier()  # no rank reads or exits before rank 0's save is complete
 
+    del model, optimizer, scheduler
     cleanup()
 
 
