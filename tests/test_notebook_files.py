@@ -28,3 +28,23 @@ def test_lesson_and_solutions_link_to_each_other(lesson):
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
 def test_lesson_is_in_the_readme_map(lesson):
     assert f"](notebooks/{lesson.name})" in (ROOT / "README.md").read_text()
+
+
+GPU_BOX = "### On a GPU cluster"
+
+
+@pytest.mark.parametrize("lesson", [p for p in LESSONS if not p.name.startswith("00")], ids=lambda p: p.stem)
+def test_every_lesson_says_what_changes_on_gpus_and_how_it_knows(lesson):
+    """Each lesson 01-10 has its GPU box; every statement in it is marked measured here,
+    documented (with a link to its source) or expected."""
+    cells = ["".join(c["source"]) for c in json.loads(lesson.read_text())["cells"] if c["cell_type"] == "markdown"]
+    boxes = [c.split(GPU_BOX, 1)[1] for c in cells if GPU_BOX in c]
+    assert len(boxes) == 1, f"{lesson.name}: expected one '{GPU_BOX}' section, found {len(boxes)}"
+    box = boxes[0].split("\n#", 1)[0]
+    items = re.findall(r"^\s*[-*] (.+(?:\n(?!\s*[-*] ).+)*)", box, flags=re.M)
+    assert len(items) >= 3, f"{lesson.name}: the GPU box has {len(items)} statements"
+    for item in items:
+        marks = [m.lower() for m in re.findall(r"measured here|documented|expected", item, flags=re.I)]
+        assert marks, f"{lesson.name}: a GPU statement says neither measured here, documented nor expected:\n{item}"
+        if marks == ["documented"]:
+            assert re.search(r"https?://|\]\(\.\./", item), f"{lesson.name}: 'documented' without its source:\n{item}"
