@@ -57,13 +57,18 @@ _SIGNALS = {
 LAST_LINES = 5
 
 
-def root_cause(log: str, rank_lines: dict, rank_errors: dict | None = None) -> tuple[str, int | None]:
+def root_cause(log: str, rank_lines: dict, rank_errors: dict | None = None,
+               details: dict | None = None) -> tuple[str, int | None]:
     """(message, rank) for a failed launch.
 
     log: everything torchrun printed; rank_lines: each rank's output; rank_errors: each
     rank's stderr alone, where tracebacks are whole (in rank_lines a print from the same
-    rank can land inside one). Without it, rank_lines is searched.
+    rank can land inside one). Without it, rank_lines is searched. details, when given, gets
+    "tier": "primary" (a rank's own Python error), "abort" (a C++ abort), "alone" (died
+    without a traceback), "secondary" (every error is a lost peer or a timeout) or "none".
     """
+    details = {} if details is None else details
+    details["tier"] = "none"
     errors = rank_errors if rank_errors is not None else rank_lines
     exits, root, stopped = _torchrun_report(log)
     primary, alone, secondary = [], [], []
@@ -82,12 +87,16 @@ def root_cause(log: str, rank_lines: dict, rank_errors: dict | None = None) -> t
 
     if primary:
         r = min(primary, key=lambda r: (_first_error(errors.get(r, [])) is None, *first_observed(r)))
+        first = _first_error(errors.get(r, []))
+        details["tier"] = "abort" if first is not None and _TERMINATE.match(first[1]) else "primary"
         return _primary_message(r, rank_lines.get(r, []), errors.get(r, []), exits.get(r)), r
     if alone:
         r = min(alone, key=first_observed)
+        details["tier"] = "alone"
         return _death_message(r, exits[r], rank_lines.get(r, [])), r
     if secondary:
         r = min(secondary, key=first_observed)
+        details["tier"] = "secondary"
         _, exc_line, text = _first_error(errors[r])
         running = [f"rank {s} was still running when torchrun stopped it; its last output: "
                    f"{(_last(rank_lines.get(s, []), 1) or ['nothing'])[0]!r}"

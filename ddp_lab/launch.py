@@ -19,7 +19,13 @@ leaves them running. This module instead:
 - raises LaunchError naming the rank that failed first and why (ddp_lab._rootcause),
   not torchrun's ChildFailedError banner (that stays in `LaunchError.run.log`);
 - sets OMP_NUM_THREADS to cores // processes (torchrun alone would force 1 and
-  print a warning banner); pass `threads=` to choose.
+  print a warning banner); pass `threads=` to choose;
+- explains a hang before it kills (ddp_lab.autopsy): on timeout, and when a rank fails while
+  others wait, every rank's Python stack and Flight Recorder entries are collected (armed
+  through the environment, the program unchanged) and LaunchError's message starts with a
+  diagnosis such as "rank 0 waits in all_reduce #12 (train.py:57); rank 1 never reached
+  collective #12; its stack: train.py:71 in evaluate". `LaunchError.autopsy` holds it
+  structured; the full per-rank detail stays in its folder. DDP_LAB_AUTOPSY=0 turns it off.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ from pathlib import Path
 import psutil
 
 from ddp_lab._rootcause import root_cause
+from ddp_lab.autopsy import collect as _autopsy
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -70,10 +77,12 @@ class LaunchInterrupted(KeyboardInterrupt):
 class LaunchError(RuntimeError):
     """A launch failed; the message is the root cause, `.run` has the full log."""
 
-    def __init__(self, message: str, run: "Run | None" = None, rank: int | None = None):
+    def __init__(self, message: str, run: "Run | None" = None, rank: int | None = None,
+                 autopsy=None):
         super().__init__(message)
         self.run = run
         self.rank = rank
+        self.autopsy = autopsy  # a ddp_lab.autopsy.diagnose.Diagnosis when the hang was explained
 
 
 @dataclass
@@ -290,6 +299,7 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
         child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # Keep children importing this checkout's ddp_lab even from a notebook folder.
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
+    autopsy = _autopsy.start(child_env)  # arms the ranks through child_env; None when off
     port = free_port()
     output = _Output(stream)
     cmds = [_node_cmd(program_argv, nproc, nnodes, i, port, max_restarts, args, output.prefix)
@@ -302,6 +312,7 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     q: queue.Queue = queue.Queue()
     procs, ended = [], {}
     start = time.time()
+    started = time.monotonic()  # the timeout's clock: a wall-clock step must not end a job early
     try:
         for node, cmd in enumerate(cmds):
             p = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -311,11 +322,20 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
                 threading.Thread(target=_reader, args=(pipe, key, q, ended), daemon=True).start()
         open_streams = n_streams = 2 * len(procs)
         while open_streams:
-            if len(ended) < n_streams and time.time() - start > timeout:
+            if len(ended) < n_streams and time.monotonic() - started > timeout:
+                if autopsy is not None:  # before the kill: ask the live ranks where they are
+                    autopsy.collect([p.pid for p in procs])
                 _kill_all(procs)
                 output.close()
                 run = _finish(procs, start, output, records_dir, cmds, ended)
-                raise LaunchError(_timeout_message(timeout, output.rank_lines), run)
+                message = _timeout_message(timeout, output.rank_lines)
+                diagnosis = _diagnose(autopsy, world)
+                if diagnosis is not None and diagnosis.kind == "no_collective":
+                    message = f"{message}\n{diagnosis.message()}"  # not a collective hang: add where
+                elif diagnosis is not None:
+                    message = (f"timed out after {timeout:g} s; every process of this launch was killed.\n"
+                               f"{diagnosis.message()}")
+                raise LaunchError(message, run, autopsy=diagnosis)
             try:
                 key, line = q.get(timeout=FLUSH_EVERY_S / 2)
             except queue.Empty:
@@ -333,13 +353,34 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     except KeyboardInterrupt:
         _kill_all(procs)
         shutil.rmtree(records_dir, ignore_errors=True)
+        if autopsy is not None:
+            autopsy.discard()
         output.close()
         raise LaunchInterrupted("the launch was stopped, and every process it started with it") from None
     run = _finish(procs, start, output, records_dir, cmds, ended)
     if run.returncode != 0:
-        message, rank = root_cause(run.log, run.rank_lines, output.rank_errors)
-        raise LaunchError(message, run, rank)
+        tier = {}
+        message, rank = root_cause(run.log, run.rank_lines, output.rank_errors, tier)
+        diagnosis = _diagnose(autopsy, world)
+        if diagnosis is not None and diagnosis.kind in ("mismatch", "missing"):
+            if tier.get("tier") in ("secondary", "abort", "none"):  # a hang, told as its consequences
+                message = f"{diagnosis.message()}\n\n{message}"
+            else:  # a rank's own error comes first; the autopsy says what the others were doing
+                message = f"{message}\n\nThe other ranks at that moment: {diagnosis.message()}"
+        raise LaunchError(message, run, rank, autopsy=diagnosis)
+    if autopsy is not None:
+        autopsy.discard()
     return run
+
+
+def _diagnose(autopsy, world: int):
+    """The autopsy's diagnosis, or None (then the message is what it was without one)."""
+    if autopsy is None:
+        return None
+    diagnosis = autopsy.diagnosis(world)
+    if diagnosis is None:
+        autopsy.discard()
+    return diagnosis
 
 
 def _finish(procs, start, output, records_dir, cmds, ended) -> Run:

@@ -1,0 +1,176 @@
+"""Known causes of a hang, recognised in the program's source at the lines the ranks waited on.
+
+Each names the lesson that teaches it and the `ddp-lab check` rule that finds it before a run
+(None where no static rule can: a NaN appears at run time).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from dataclasses import dataclass
+
+_RANK_WORDS = re.compile(r"rank|is_main|is_master|main_process|is_primary|is_leader", re.I)
+_NAN_WORDS = re.compile(r"nan|isfinite|inf\b", re.I)
+
+# The same sections ddp_lab.check links its rules to (kept in step by importing them).
+_FALLBACK_SECTIONS = {
+    "skipped": ("notebooks/07_troubleshooting.ipynb", "1. A rank skips a collective"),
+    "hang": ("notebooks/02_sampler_and_metrics.ipynb", "5. Uneven batches per rank: the hang, then the fix"),
+}
+MISMATCH_SECTION = ("notebooks/07_troubleshooting.ipynb", "2. Mismatched collectives: different shapes or dtypes")
+
+
+def _section(key: str):
+    try:
+        from ddp_lab.check.core import SECTIONS
+        return SECTIONS[key]
+    except Exception:  # noqa: BLE001 - the link is a courtesy; the fallback says the same
+        return _FALLBACK_SECTIONS[key]
+
+
+@dataclass
+class Pattern:
+    name: str            # "rank_condition", "skip", "uneven", "mismatch"
+    words: str           # what it is, in words
+    evidence: str        # the source line that shows it, "file:line `code`"
+    notebook: str
+    section: str
+    rule: str | None     # ddp-lab check rule id
+    no_rule: str = "it depends on the data"  # why no static rule can see it, when rule is None
+    flagged: bool | None = None  # did `ddp-lab check` flag this very code? (None: not checked)
+
+    def sentence(self) -> str:
+        if not self.rule:
+            rule = f"no `ddp-lab check` rule can see it before a run ({self.no_rule})"
+        elif self.flagged:
+            rule = f"`ddp-lab check` rule {self.rule} flags this code before a run"
+        else:
+            rule = (f"`ddp-lab check` rule {self.rule} looks for this pattern before a run, but does not "
+                    f"flag this code")
+        return (f"Known pattern: {self.words} ({self.evidence}). Lesson: {self.notebook}, "
+                f"section \"{self.section}\"; {rule}.")
+        return (f"Known pattern: {self.words} ({self.evidence}). Lesson: {self.notebook}, "
+                f"section \"{self.section}\"; {rule}.")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "words": self.words, "evidence": self.evidence,
+                "notebook": self.notebook, "section": self.section, "rule": self.rule,
+                "flagged": self.flagged}
+
+
+@functools.lru_cache(maxsize=32)
+def _parse(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        return ast.parse(text), text.splitlines()
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None, []
+
+
+def _ancestors(tree, line: int) -> list:
+    """Nodes whose span holds `line`, outermost first (statements and their bodies)."""
+    chain, node = [], tree
+    while True:
+        child = next((c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt)
+                      and c.lineno <= line <= (c.end_lineno or c.lineno)), None)
+        if child is None:
+            return chain
+        chain.append(child)
+        node = child
+
+
+def _code(lines, lineno) -> str:
+    return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
+
+
+def rank_condition(frames) -> tuple | None:
+    """(frame, if-line) when a user frame's line sits in an `if` that tests the rank."""
+    for f in reversed(frames):
+        tree, lines = _parse(f.file)
+        if tree is None:
+            continue
+        for node in reversed(_ancestors(tree, f.line)):
+            # `if rank == 0: a() else: b()` gives every rank a collective: a mismatch, not this
+            if isinstance(node, ast.If) and not node.orelse and _RANK_WORDS.search(ast.unparse(node.test)):
+                return f, node.lineno, _code(lines, node.lineno)
+    return None
+
+
+def skip_in_loop(frames) -> tuple | None:
+    """(frame, line, code, nan?) when the loop around a user frame skips ahead before it."""
+    for f in reversed(frames):
+        tree, lines = _parse(f.file)
+        if tree is None:
+            continue
+        for loop in reversed([n for n in _ancestors(tree, f.line) if isinstance(n, (ast.For, ast.While))]):
+            for node in _walk_loop_body(loop):
+                if isinstance(node, ast.If) and node.lineno < f.line and any(
+                        isinstance(s, (ast.Continue, ast.Break)) for s in _walk_loop_body(node)):
+                    return f, node.lineno, _code(lines, node.lineno), bool(_NAN_WORDS.search(ast.unparse(node.test)))
+    return None
+
+
+def in_loop(frames) -> tuple | None:
+    for f in reversed(frames):
+        tree, lines = _parse(f.file)
+        if tree is None:
+            continue
+        loops = [n for n in _ancestors(tree, f.line) if isinstance(n, ast.For)]
+        if loops:
+            return f, loops[-1].lineno, _code(lines, loops[-1].lineno)
+    return None
+
+
+def _walk_loop_body(node):
+    """Nodes inside node's body, not descending into nested loops or functions."""
+    todo = list(ast.iter_child_nodes(node))
+    while todo:
+        n = todo.pop()
+        yield n
+        if not isinstance(n, (ast.For, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(n))
+
+
+def recognise(waiting: dict, others_elsewhere: bool, mismatch: bool) -> Pattern | None:
+    """waiting: {rank: user frames (outermost first)} of the ranks stuck in a collective."""
+    nb07, sec07 = _section("skipped")
+    for frames in waiting.values():
+        if found := rank_condition(frames):
+            f, line, code = found
+            return Pattern("rank_condition", "a collective under a rank condition, which the other "
+                           "ranks never call", f"{_short(f.file)}:{line} `{code}`", nb07, sec07, "DDP009",
+                           flagged=_flags(f.file, "DDP009", range(line, f.line + 1)))
+    for frames in waiting.values():
+        if found := skip_in_loop(frames):
+            f, line, code, nan = found
+            words = ("a NaN skip on one rank: it skipped a step (and its collectives) the others ran"
+                     if nan else "a skip on one rank: it left out a step (and its collectives) the others ran")
+            return Pattern("skip", words, f"{_short(f.file)}:{line} `{code}`", nb07, sec07, None)
+    if others_elsewhere:
+        for frames in waiting.values():
+            if found := in_loop(frames):
+                f, line, code = found
+                nb02, sec02 = _section("hang")
+                return Pattern("uneven", "uneven inputs: this rank's loop ran more steps than another's "
+                               "(fix: equal batches per rank, or DDP's Join)",
+                               f"{_short(f.file)}:{line} `{code}`", nb02, sec02, None)
+    if mismatch:
+        return Pattern("mismatch", "mismatched collectives: the ranks called different operations or "
+                       "sizes at the same point", "the sites above", *MISMATCH_SECTION, None,
+                       "which op and size each rank reaches is only known at run time")
+    return None
+
+
+def _flags(path: str, rule: str, lines) -> bool | None:
+    """Does `ddp-lab check` report `rule` in path on one of these lines? None when it cannot say."""
+    try:
+        from ddp_lab.check import check_file
+        return any(f.id == rule and f.line in lines for f in check_file(path))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _short(path: str) -> str:
+    return path.rsplit("/", 1)[-1]

@@ -1,0 +1,178 @@
+"""The hang autopsy: a hung launch ends in one diagnosis that names the waiting rank(s), the
+collective and the source line, whether the launcher's timeout ends it or the ranks' own short
+process-group timeout does; `ddp-lab autopsy DIR` prints the same from the folder it left.
+
+The six hangs run once, side by side (module fixture), and every test reads their results.
+"""
+import concurrent.futures
+import json
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import PROGRAMS, processes_with, wait_until
+from ddp_lab import launch
+
+COLLECTIVES = PROGRAMS / "hang_collectives.py"
+TRAINING = PROGRAMS / "hang_training.py"
+# Ranks that hang until the launcher's timeout must be in the hang before it ends. Six launches
+# start at once on a busy 2-core machine, which can take a minute and more before the ranks hang:
+# the launcher's timeout leaves room for that, and the test says so if the ranks never got there.
+LAUNCHER_TIMEOUT = 120
+PG_TIMEOUT = 5  # the others: gloo raises on every rank after this long in a collective
+CASES = {  # name: (program, argument, process-group timeout or None for the launcher's)
+    "mismatch": (COLLECTIVES, "mismatch", None),
+    "sleeper": (COLLECTIVES, "sleeper", None),
+    "rank0": (COLLECTIVES, "rank0", PG_TIMEOUT),
+    "save": (COLLECTIVES, "save", PG_TIMEOUT),
+    "nan": (TRAINING, "nan", PG_TIMEOUT),
+    "uneven": (TRAINING, "uneven", PG_TIMEOUT),
+}
+
+
+def line_of(program: Path, code: str, after: str = "") -> int:
+    """The line number of `code` in program (after the line holding `after`)."""
+    lines = program.read_text().splitlines()
+    start = next(i for i, l in enumerate(lines) if after in l) if after else 0
+    return next(i for i, l in enumerate(lines) if i >= start and l.strip().startswith(code)) + 1
+
+
+@pytest.fixture(scope="module")
+def hangs(tmp_path_factory):
+    """{case: (LaunchError or None, seconds the launch took, its timeout)}, and the marker on every
+    command line."""
+    marker = str(tmp_path_factory.mktemp("hangs") / f"marker-{uuid.uuid4().hex[:12]}")
+
+    def one(name):
+        program, arg, pg_timeout = CASES[name]
+        env = {"HANG_PG_TIMEOUT": str(pg_timeout)} if pg_timeout else {}
+        timeout = LAUNCHER_TIMEOUT if pg_timeout is None else 240
+        start = time.monotonic()
+        try:
+            launch.torchrun(program, nproc=2, args=[arg, marker], stream=False, env=env, timeout=timeout)
+        except launch.LaunchError as e:
+            took = time.monotonic() - start
+            assert pg_timeout or all(f"rank {r} ready" in e.run.log for r in (0, 1)), \
+                f"{name}: the ranks never reached the hang within {timeout} s:\n{e.run.log[-2000:]}"
+            return e, took, timeout
+        return None, time.monotonic() - start, timeout
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = dict(zip(CASES, pool.map(one, CASES)))
+    return results, marker
+
+
+def error(hangs, name) -> launch.LaunchError:
+    e = hangs[0][name][0]
+    assert e is not None, f"{name}: the launch should have failed"
+    return e
+
+
+def test_launcher_timeout_mismatched_collectives(hangs):
+    e = error(hangs, "mismatch")
+    message = str(e)
+    timeout = hangs[0]["mismatch"][2]
+    assert message.startswith(f"timed out after {timeout} s; every process of this launch was killed.\n")
+    reduce_at = line_of(COLLECTIVES, "dist.all_reduce(stats)", 'if how == "mismatch"')
+    barrier_at = line_of(COLLECTIVES, "dist.barrier()", 'if how == "mismatch"')
+    # The program runs three all_reduces that match, so the mismatch is collective #4.
+    assert (f"rank 0 waits in all_reduce #4 (hang_collectives.py:{reduce_at}); rank 1 waits in barrier #4 "
+            f"(hang_collectives.py:{barrier_at}): the ranks called different collectives") in message
+    assert e.autopsy.kind == "mismatch"
+    assert e.autopsy.ranks[0].collective.op == "all_reduce" and e.autopsy.ranks[1].collective.op == "barrier"
+    assert e.autopsy.ranks[0].source == "live"  # asked while the ranks were still alive
+
+
+def test_launcher_timeout_sleeping_rank(hangs):
+    e = error(hangs, "sleeper")
+    reduce_at = line_of(COLLECTIVES, "dist.all_reduce(stats)", 'elif how == "sleeper"')
+    sleep_at = line_of(COLLECTIVES, "time.sleep(0.1)")
+    assert (f"rank 0 waits in all_reduce #4 (hang_collectives.py:{reduce_at}); rank 1 never reached "
+            f"collective #4; its stack: hang_collectives.py:{sleep_at} in evaluate") in str(e)
+    assert e.autopsy.ranks[1].state == "elsewhere"
+
+
+def test_the_diagnosis_arrives_within_the_timeout_plus_15_s(hangs):
+    for name in ("mismatch", "sleeper"):
+        _, took, timeout = hangs[0][name]
+        assert took <= timeout + 15, (name, took, timeout)
+
+
+def test_collective_only_on_rank_0(hangs):
+    e = error(hangs, "rank0")
+    reduce_at = line_of(COLLECTIVES, "dist.all_reduce(stats)", 'elif how == "rank0"')
+    first = str(e).splitlines()[0]
+    assert f"rank 0 was waiting in all_reduce #4 (hang_collectives.py:{reduce_at})" in first
+    assert "rank 1 was waiting in barrier #4" in first
+    assert e.autopsy.pattern.name == "rank_condition" and e.autopsy.pattern.rule == "DDP009"
+    assert f"hang_collectives.py:{reduce_at - 1} `if rank == 0:`" in str(e)
+    # DDP009 does not flag it here (all_reduce also runs on every rank in main), and says so
+    assert "rule DDP009 looks for this pattern before a run, but does not flag this code" in str(e)
+    assert 'notebooks/07_troubleshooting.ipynb, section "1. A rank skips a collective"' in str(e)
+    assert re.search(r"^rank \d failed: ", str(e), re.M)  # today's message is still there, below
+
+
+def test_barrier_only_in_rank_0s_save_path(hangs):
+    e = error(hangs, "save")
+    barrier_at = line_of(COLLECTIVES, "dist.barrier()", "def save")
+    reduce_at = line_of(COLLECTIVES, "dist.all_reduce(stats)", 'elif how == "save"')
+    first = str(e).splitlines()[0]
+    assert f"rank 0 was waiting in barrier #4 (hang_collectives.py:{barrier_at})" in first
+    assert f"rank 1 was waiting in all_reduce #4 (hang_collectives.py:{reduce_at})" in first
+    # The barrier itself is in save(); the rank condition is at the call.
+    assert e.autopsy.pattern.name == "rank_condition"
+    assert f"hang_collectives.py:{reduce_at - 2} `if rank == 0:`" in str(e)
+
+
+def test_nan_skipped_on_one_rank(hangs):
+    e = error(hangs, "nan")
+    backward_at = line_of(TRAINING, "loss.backward()", "def train_skipping_nan")
+    total_at = line_of(TRAINING, "dist.all_reduce(total)")
+    first = str(e).splitlines()[0]
+    assert re.search(rf"rank 0 was waiting in all_reduce #\d+ \(hang_training.py:{backward_at}\)", first), first
+    assert f"rank 1 was waiting in all_reduce" in first and f"hang_training.py:{total_at})" in first
+    assert e.autopsy.pattern.name == "skip"
+    assert "a NaN skip on one rank" in str(e) and "`if torch.isnan(loss):`" in str(e)
+
+
+def test_uneven_batches_without_join(hangs):
+    e = error(hangs, "uneven")
+    backward_at = line_of(TRAINING, "loss.backward()", "def train(")
+    first = str(e).splitlines()[0]
+    assert re.search(rf"rank 0 was waiting in all_reduce #\d+ \(hang_training.py:{backward_at}\)", first), first
+    assert e.autopsy.pattern.name == "uneven"
+    assert 'notebooks/02_sampler_and_metrics.ipynb, section "5. Uneven batches per rank' in str(e)
+
+
+def test_no_process_is_left_behind(hangs):
+    assert wait_until(lambda: not processes_with(hangs[1]), timeout=10), processes_with(hangs[1])
+
+
+def test_the_folder_holds_every_ranks_detail(hangs):
+    d = error(hangs, "mismatch").autopsy
+    folder = Path(d.folder)
+    assert (folder / "diagnosis.txt").read_text().startswith(d.headline)
+    for rank in (0, 1):
+        assert json.loads((folder / f"rank{rank}.request.json").read_text())["threads"]
+        # torch's own Flight Recorder reader takes what the ranks dumped
+        from torch.distributed.flight_recorder.components.loader import read_dump
+        dump = read_dump("fr_trace_rank_", str(folder / f"fr_trace_rank_{rank}"))
+        assert [e["collective_seq_id"] for e in dump["entries"]] == [1, 2, 3, 4]
+
+
+def test_cli_prints_the_same_diagnosis_from_the_folder(hangs):
+    d = error(hangs, "mismatch").autopsy
+    out = subprocess.run([sys.executable, "-m", "ddp_lab.cli", "autopsy", d.folder],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == d.headline
+    out = subprocess.run([sys.executable, "-m", "ddp_lab.cli", "autopsy", d.folder, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    data = json.loads(out.stdout)
+    assert data["headline"] == d.headline and data["kind"] == "mismatch"
+    assert data["ranks"]["1"]["collective"]["op"] == "barrier"

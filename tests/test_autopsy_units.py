@@ -1,0 +1,167 @@
+"""The autopsy's parts without a launch: the injection, the readers, and the fallback rule
+(anything that goes wrong inside the autopsy leaves the launcher's message as it was)."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ddp_lab import launch
+from ddp_lab.autopsy import collect, diagnose, evidence
+from ddp_lab.autopsy.command import run as cli_run
+
+
+def _python(code, env, cwd):
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_injection_arms_only_ranks_and_keeps_an_existing_sitecustomize(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
+    folder = tmp_path / "autopsy"
+    folder.mkdir()
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", collect.DIR_ENV)}
+    base["PYTHONPATH"] = os.pathsep.join([str(collect.INJECT), str(theirs)])
+    code = "import os, sys; print(os.environ.get('THEIRS_RAN'), sys.modules['sitecustomize'].__file__)"
+    # Not a rank (no RANK): nothing armed, their sitecustomize still runs.
+    out = _python(code, {**base, collect.DIR_ENV: str(folder)}, tmp_path)
+    assert out.stdout.split() == ["1", str(theirs / "sitecustomize.py")], out.stderr
+    assert list(folder.iterdir()) == []
+    # A rank: armed (pid, FIFO, faulthandler files), and theirs still runs.
+    out = _python(code, {**base, collect.DIR_ENV: str(folder), "RANK": "3"}, tmp_path)
+    assert out.stdout.split()[0] == "1", out.stderr
+    names = {p.name for p in folder.iterdir()}
+    assert {"rank3.pid", "rank3.ctl", "rank3.sigterm.txt", "rank3.exit.json"} <= names
+    # An uncaught exception leaves its traceback; the exit status and stderr are as before.
+    out = _python("def f():\n    raise ValueError('boom')\nf()", {**base, collect.DIR_ENV: str(folder), "RANK": "3"},
+                  tmp_path)
+    assert out.returncode == 1 and out.stderr.rstrip().endswith("ValueError: boom")
+    exc = json.loads((folder / "rank3.exception.json").read_text())["exception"]
+    assert exc["type"] == "ValueError" and [f["line"] for f in exc["frames"]] == [3, 2]
+
+
+def test_flight_recorder_dump_of_a_real_process_group_is_read(tmp_path):
+    # One real gloo process (world of 1) with the Flight Recorder on, armed by the injection;
+    # it fails after its collectives: its traceback and its Flight Recorder entries are dumped.
+    prog = tmp_path / "one.py"
+    prog.write_text(textwrap.dedent("""\
+        import datetime, sys
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+        dist.all_reduce(torch.ones(3))
+        dist.broadcast(torch.ones(2, 2), 0)
+        dist.destroy_process_group()
+        raise RuntimeError("after the collectives")
+        """))
+    folder = tmp_path / "d"
+    folder.mkdir()
+    env = {**os.environ, collect.DIR_ENV: str(folder), "RANK": "0", "TORCH_FR_BUFFER_SIZE": "100",
+           "PYTHONPATH": str(collect.INJECT)}
+    out = subprocess.run([sys.executable, str(prog), str(launch.free_port())], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 1 and "RuntimeError: after the collectives" in out.stderr, out.stderr
+    ev = evidence.read_folder(folder)[0]
+    assert ev.exception == "RuntimeError: after the collectives" and ev.stack[-1].line == 7
+    assert [(c.seq, c.op, c.sizes) for c in ev.collectives] == [(1, "all_reduce", [[3]]), (2, "broadcast", [[2, 2]])]
+    assert (folder / "rank0.exit.json").exists()  # atexit still ran, after the exception's dump
+
+
+def _fr(entries):
+    """A Flight Recorder dump as torch writes it (the fields evidence reads)."""
+    return {"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": [
+        {"collective_seq_id": seq, "profiling_name": f"nccl:{op}", "input_sizes": sizes, "is_p2p": False,
+         "process_group": ("0", "default_pg"),
+         "frames": [{"name": op, "filename": "/x/site-packages/torch/distributed/distributed_c10d.py", "line": 1},
+                    {"name": "main", "filename": "/job/train.py", "line": line}]}
+        for seq, op, sizes, line in entries]}
+
+
+def test_a_cluster_jobs_nccl_dumps_and_error_files(tmp_path, capsys):
+    # rank 0 timed out in all_reduce #3 (its @record error file says so); rank 1 never got there.
+    (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps(_fr([(1, "broadcast", [[4]], 10),
+                                                                   (2, "all_reduce", [[4]], 20),
+                                                                   (3, "all_reduce", [[4]], 20)])))
+    (tmp_path / "nccl_trace_rank_1").write_bytes(pickle.dumps(_fr([(1, "broadcast", [[4]], 10),
+                                                                   (2, "all_reduce", [[4]], 20)])))
+    err = tmp_path / "attempt_0" / "0"
+    err.mkdir(parents=True)
+    stack = ('Traceback (most recent call last):\n  File "/job/train.py", line 20, in main\n'
+             '  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 3913, in all_reduce\n'
+             "torch.distributed.DistBackendError: Watchdog caught collective operation timeout\n")
+    (err / "error.json").write_text(json.dumps({"message": {
+        "message": "DistBackendError: Watchdog caught collective operation timeout",
+        "extraInfo": {"py_callstack": stack, "timestamp": "0"}}}))
+    d = diagnose.diagnose_folder(tmp_path, world_size=2)
+    assert d.headline.startswith("rank 0 was waiting in all_reduce #3 (train.py:20); rank 1 ")
+    assert "rank 1 could not be inspected" in d.headline  # no stack of rank 1: said, not guessed
+    assert cli_run(type("A", (), {"dir": str(tmp_path), "json": True, "world_size": 2})()) == 0
+    assert json.loads(capsys.readouterr().out)["ranks"]["0"]["collective"]["seq"] == 3
+
+
+def test_nothing_to_read_is_no_diagnosis(tmp_path, capsys):
+    (tmp_path / "rank0.request.json").write_text("{torn")  # an unreadable dump is skipped
+    (tmp_path / "fr_trace_rank_1").write_bytes(b"\x80garbage")
+    assert diagnose.diagnose_folder(tmp_path, world_size=2) is None
+    assert cli_run(type("A", (), {"dir": str(tmp_path), "json": False, "world_size": None})()) == 1
+    assert "nothing in" in capsys.readouterr().out
+
+
+def test_a_failing_autopsy_leaves_todays_message(tmp_path, monkeypatch):
+    autopsy = collect.Autopsy()
+    autopsy.collect([os.getpid()])  # nothing armed: returns, never raises
+    assert launch._diagnose(autopsy, 2) is None  # empty folder: no diagnosis, folder removed
+    assert not autopsy.folder.exists()
+    autopsy = collect.Autopsy()
+    (autopsy.folder / "rank0.request.json").write_text(json.dumps(
+        {"threads": [{"main": True, "frames": [{"file": "/job/t.py", "line": 3, "name": "f"}]}]}))
+
+    def broken(*a, **k):
+        raise RuntimeError("a bug in the autopsy")
+
+    monkeypatch.setattr(diagnose, "diagnose_folder", broken)
+    assert autopsy.diagnosis(2) is None
+    autopsy.discard()
+    # Switched off: the environment is untouched.
+    env = {collect.SWITCH_ENV: "0"}
+    assert collect.start(env) is None and env == {collect.SWITCH_ENV: "0"}
+
+
+def test_faulthandler_text_gives_the_main_threads_stack():
+    text = textwrap.dedent("""\
+        Thread 0x00007f0f47b666c0 (most recent call first):
+          File "/x/ddp_lab/autopsy/_inject/sitecustomize.py", line 109 in serve
+          File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+        Current thread 0x00007f0f485c6b80 (most recent call first):
+          File "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3913 in all_reduce
+          File "/job/train.py", line 37 in main
+          File "/job/train.py", line 44 in <module>
+        """)
+    frames = evidence.parse_faulthandler(text)
+    assert [(f.line, f.name) for f in frames] == [(44, "<module>"), (37, "main"), (3913, "all_reduce")]
+    assert evidence.in_collective(frames) and evidence.user_frame(frames).line == 37
+
+
+def test_a_pattern_names_the_lesson_and_whether_the_check_rule_flags_the_code(tmp_path):
+    from ddp_lab.autopsy import patterns
+    from ddp_lab.autopsy.evidence import Frame
+    prog = tmp_path / "train.py"
+    prog.write_text("import torch.distributed as dist\n"
+                    "dist.init_process_group('gloo')\n"
+                    "rank = dist.get_rank()\n"
+                    "if rank == 0:\n"
+                    "    dist.all_reduce(x)\n")
+    p = patterns.recognise({0: [Frame(str(prog), 5, "<module>")]}, others_elsewhere=True, mismatch=False)
+    assert (p.name, p.rule, p.flagged, p.evidence) == ("rank_condition", "DDP009", True, "train.py:4 `if rank == 0:`")
+    assert "rule DDP009 flags this code" in p.sentence()
+    assert '"1. A rank skips a collective"' in p.sentence()
+    # An if/else on the rank gives every rank a collective: a mismatch, not a skipped one.
+    prog.write_text(prog.read_text() + "else:\n    dist.barrier()\n")
+    patterns._parse.cache_clear()
+    p = patterns.recognise({0: [Frame(str(prog), 5, "<module>")]}, others_elsewhere=True, mismatch=True)
+    assert p.name == "mismatch" and p.rule is None
