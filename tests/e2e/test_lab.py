@@ -151,18 +151,34 @@ def exercise_controls(page, index, skip_labels=()):
             at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
             handle.focus()
             handle.press("Home" if at_max else "End")
+            if not shows_a_change(page, cell, before, 20_000):
+                # After the controls before it moved, one end can give the same result (overlap
+                # matters little once communication dwarfs backward): the other end must not.
+                handle.focus()
+                handle.press("End" if at_max else "Home")
+                assert shows_a_change(page, cell, before, 60_000), f"moving {label!r} changed nothing"
         else:
             select = control.locator("select")
             options = select.locator("option").all_inner_texts()
             current = select.evaluate("s => s.selectedIndex")
             select.select_option(index=(current + 1) % len(options))
+            assert shows_a_change(page, cell, before, 60_000), f"choosing another {label!r} changed nothing"
+        page.shot(cell, f"control_{re.sub(r'[^a-z0-9]+', '_', label.lower()) or i}")
+
+
+def shows_a_change(page, cell, before, timeout_ms) -> bool:
+    """Whether what the widget shows differs from `before` within the time given."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    try:
         page.page.wait_for_function(
             """([node, before]) => {
                 const out = [...node.querySelectorAll('.jp-OutputArea-output img')].map(i => i.src);
                 for (const el of node.querySelectorAll('.widget-output, .widget-html-content')) out.push(el.innerText);
                 return out.join('\\n') !== before; }""",
-            arg=[cell.element_handle(), before], timeout=60_000)
-        page.shot(cell, f"control_{re.sub(r'[^a-z0-9]+', '_', label.lower()) or i}")
+            arg=[cell.element_handle(), before], timeout=timeout_ms)
+        return True
+    except PlaywrightTimeout:
+        return False
 
 
 def test_stop_button_shows_one_short_message(open_notebook, tmp_path):
