@@ -26,7 +26,7 @@ def train(rank: int, steps: int = 6, log_every: int = 3) -> None:
         loss.backward()                            # every rank joins this all-reduce
         optimizer.step()
         if rank == 0 and step % log_every == 0:    # the bug: only rank 0 reduces the loss to log it
-            dist.all_reduce(loss.detach())
+            dist.all_reduce(loss.detach())  # ddp-lab: ignore[DDP009] (the lesson's bug, on purpose)
             print(f"step {step}: loss {loss.item():.4f}", flush=True)
     del model
 
