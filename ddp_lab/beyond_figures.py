@@ -4,6 +4,8 @@
     bf.memory_bars(rows)      # rows: dicts with world, strategy, rank, measured {...}, predicted {...}
     bf.losses(curves, ref)    # {label: [loss per step]}, the one-process reference
     bf.three_d(dp=2, pp=2, tp=2)
+    bf.split_bytes(sweep, ddp_bytes)   # bytes per step of a pipeline, tensor-parallel and DDP split
+    bf.pipeline(grid, util)   # a GPipe schedule grid, busy fraction against micro-batches
 """
 from __future__ import annotations
 
@@ -77,5 +79,52 @@ def three_d(dp: int = 2, pp: int = 2, tp: int = 2):
                 fontsize=7, va="center")
     fig.suptitle(f"3D parallelism, {dp * pp * tp} ranks: same-position ranks of the replicas "
                  f"all-reduce gradients (data parallel)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def split_bytes(sweep: dict, ddp_bytes: float, world: int = 2):
+    """Bytes per step against samples per step: sweep {batch: (pipeline bytes, tensor-parallel
+    bytes per rank)}, counted in the notebook; DDP's all-reduce per rank is flat."""
+    fig, ax = plt.subplots(figsize=(5.2, 3.2))
+    b = sorted(sweep)
+    ax.loglog(b, [sweep[x][0] / 2**20 for x in b], "o-", label="pipeline: activations + their gradients")
+    ax.loglog(b, [sweep[x][1] / 2**20 for x in b], "s-", label="tensor parallel: all-reduces, per rank")
+    ax.loglog(b, [ddp_bytes / 2**20] * len(b), "k--", label="DDP: gradient all-reduce, per rank")
+    ax.set_xticks(b, [str(x) for x in b])
+    ax.minorticks_off()
+    ax.set_xlabel("samples per step")
+    ax.set_ylabel("MiB per step")
+    ax.set_title(f"What crosses between {world} devices per step", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def pipeline(grid, util: dict):
+    """Left: a GPipe schedule (stages x time slots, F/B + micro-batch, blank = idle).
+    Right: busy fraction against micro-batches, simulated (points) and m / (m + k - 1) (line)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 2.9), gridspec_kw={"width_ratios": [1.5, 1]})
+    k, slots = len(grid), len(grid[0])
+    for s, row in enumerate(grid):
+        for t, cell in enumerate(row):
+            if cell is not None:
+                a.add_patch(Rectangle((t, k - 1 - s), 0.95, 0.9, color="#4c72b0" if cell[0] == "F" else "#dd8452"))
+                a.text(t + 0.47, k - 1 - s + 0.45, cell, ha="center", va="center", fontsize=7, color="white")
+    a.set_xlim(0, slots)
+    a.set_ylim(0, k)
+    a.set_yticks([k - 1 - s + 0.45 for s in range(k)], [f"stage {s}" for s in range(k)])
+    a.set_xlabel("time slot")
+    a.set_title(f"GPipe, {k} stages: forwards (F), then backwards (B); blank = idle", fontsize=9)
+    for kk, curve in util.items():
+        m = sorted(curve)
+        b.plot(m, [float(curve[x]) for x in m], "o", ms=3, label=f"{kk} stages, simulated")
+        b.plot(m, [x / (x + kk - 1) for x in m], "-", lw=0.8, color=b.lines[-1].get_color())
+    b.set_xscale("log", base=2)
+    b.set_ylim(0, 1.02)
+    b.set_xlabel("micro-batches per step")
+    b.set_ylabel("busy fraction")
+    b.set_title("lines: m / (m + stages - 1)", fontsize=9)
+    b.legend(fontsize=7)
     fig.tight_layout()
     return fig

@@ -54,3 +54,36 @@ def test_the_pin_is_real_without_the_release(tmp_path):
     if out["alive_at_destroy"] == [0]:
         pytest.skip(f"torch {torch.__version__} no longer pins the frame: the scripts' gc.collect() can go")
     assert out["alive_at_destroy"] == [1]
+
+
+SURVEY = PROGRAMS.parent / "check_corpus" / "articles" / "survey_3_4_train.py"
+SURVEY_CPU = PROGRAMS / "survey_train_cpu.py"
+
+
+def test_survey_train_destroys_the_group_while_its_ddp_model_is_alive(tmp_path):
+    """The survey's train() (section 3.4) ends with cleanup() -> destroy_process_group() while its DDP
+    model is still a local: the group is destroyed under a live DDP and its reducer, every run. With the
+    collector off, the model then outlives train() itself (torch's frame cycle), with no group left:
+    what section 7 of notebook 07 describes as the precondition of the exit abort."""
+    import ast
+    tree = ast.parse(SURVEY.read_text(encoding="utf-8"))
+    funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    assert [ast.unparse(n) for n in funcs["cleanup"].body] == ["dist.destroy_process_group()"]
+    assert ast.unparse(funcs["train"].body[-1]) == "cleanup()"
+    assert not any(isinstance(n, ast.Delete) for n in ast.walk(funcs["train"]))   # model never released
+    cpu = {f.name: f for f in ast.parse(SURVEY_CPU.read_text(encoding="utf-8")).body if isinstance(f, ast.FunctionDef)}
+    assert ast.unparse(cpu["train"].body[-1]) == "cleanup()" and ast.unparse(cpu["cleanup"]) == ast.unparse(funcs["cleanup"])
+
+    out = probe(SURVEY_CPU, tmp_path=tmp_path)
+    assert out["built"] == 1 and out["alive_at_destroy"] == [1] and out["reducers_at_destroy"] == [1]
+    assert out["group_after_return"] is False
+    if out["alive_after_return"] == 0:
+        pytest.skip(f"torch {torch.__version__} no longer pins train()'s frame after it returns")
+    assert out["alive_after_return"] == 1 and out["alive_after_collect"] == 0
+
+
+def test_survey_fixed_order_leaves_no_ddp_alive_at_destroy(tmp_path):
+    """survey_3_4_train_fixed.py's order: del model, optimizer, scheduler; gc.collect(); destroy."""
+    out = probe(SURVEY_CPU, "--fixed", tmp_path=tmp_path)
+    assert out["built"] == 1 and out["alive_at_destroy"] == [0] and out["reducers_at_destroy"] == [0]
+    assert out["alive_after_return"] == 0

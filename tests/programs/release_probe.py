@@ -6,6 +6,10 @@ releases it itself.
     python release_probe.py SCRIPT [--no-collect] -- ARGS...
 
 --no-collect makes gc.collect() a no-op: the control that shows the pin is real.
+
+Also reported: whether each DDP model alive at destroy still held its reducer (the C++ object that
+owns the gradient buckets and the process group's work), how many DDP models are still alive after
+main() returned, with the group gone, and how many after one real gc.collect().
 """
 import gc
 import importlib.util
@@ -24,6 +28,8 @@ argv = rest[rest.index("--") + 1:]
 alive = []
 built = [0]
 at_destroy = []
+reducers_at_destroy = []
+real_collect = gc.collect
 
 
 class TrackedDDP(DistributedDataParallel):
@@ -38,6 +44,7 @@ real_destroy = dist.destroy_process_group
 
 def destroy(*args, **kwargs):
     at_destroy.append(sum(r() is not None for r in alive))
+    reducers_at_destroy.append(sum(getattr(r(), "reducer", None) is not None for r in alive))
     return real_destroy(*args, **kwargs)
 
 
@@ -53,4 +60,10 @@ if no_collect:
 gc.disable()
 sys.argv = [script, *argv]
 mod.main(*([argv] if mod.main.__code__.co_argcount else []))
-print("RELEASE " + json.dumps({"built": built[0], "alive_at_destroy": at_destroy}), flush=True)
+after_return = sum(r() is not None for r in alive)
+group_after_return = dist.is_initialized()
+real_collect()
+print("RELEASE " + json.dumps({"built": built[0], "alive_at_destroy": at_destroy,
+                               "reducers_at_destroy": reducers_at_destroy, "alive_after_return": after_return,
+                               "group_after_return": group_after_return,
+                               "alive_after_collect": sum(r() is not None for r in alive)}), flush=True)
