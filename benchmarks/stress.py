@@ -8,6 +8,9 @@
    one run in five: --metrics-out set, a record every step).
 2. Every notebook that launches programs (solutions included), --passes times in a row under
    nbval, as `make test` runs them.
+3. The tests that start processes on the newer paths (the hang autopsy of six kinds of hang, the
+   NaN skip and clipping, resume on shared and unshared storage, the exit-time release), --passes
+   times in a row under pytest.
 
 Prints `N runs, K failures` for each part and in total, with the last lines of every failure;
 exits 1 on any failure. Not part of `make test`: it measures reliability, it does not prove it.
@@ -103,6 +106,26 @@ def stress_notebooks(passes: int, timeout: float, names: str) -> tuple[int, list
     return n, failures
 
 
+PROCESS_TESTS = ("tests/test_autopsy.py", "tests/test_train_ddp_steps.py",
+                 "tests/test_train_ddp_resume.py", "tests/test_train_ddp_resume_shared.py",
+                 "tests/test_exit_release.py")
+
+
+def stress_tests(passes: int, timeout: float, files: str) -> tuple[int, list[str]]:
+    chosen = [f for f in (files.split(",") if files else PROCESS_TESTS) if (ROOT / f).is_file()]
+    failures, n = [], 0
+    for p in range(passes):
+        for f in chosen:
+            n += 1
+            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f]
+            ok, tail = run_one(cmd, ROOT, dict(os.environ), timeout)
+            if not ok:
+                failures.append(f"pass {p + 1} {f}: {tail}")
+            print(f"\r  tests: {n}/{passes * len(chosen)} runs, {len(failures)} failures", end="", flush=True)
+    print()
+    return n, failures
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=30, help="2-rank jobs per script")
@@ -111,6 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="seconds per job or notebook")
     ap.add_argument("--notebooks", default="", help="only notebooks whose names contain one of these "
                     "comma-separated strings, e.g. 05_,07_")
+    ap.add_argument("--test-passes", type=int, default=3, help="pytest passes over the process tests")
+    ap.add_argument("--tests", default="", help="comma-separated test files instead of the default "
+                    "process tests: " + ", ".join(PROCESS_TESTS))
     a = ap.parse_args(argv)
     start = time.time()
     results = []
@@ -120,6 +146,9 @@ def main(argv=None) -> int:
     if a.passes:
         print(f"notebooks: {len(launching_notebooks(a.notebooks))} launching notebooks, {a.passes} passes under nbval")
         results.append(("notebooks (nbval)", *stress_notebooks(a.passes, a.timeout, a.notebooks)))
+    if a.test_passes:
+        print(f"tests: {a.test_passes} passes under pytest")
+        results.append(("process tests (pytest)", *stress_tests(a.test_passes, a.timeout, a.tests)))
     for _, _, failures in results:
         for f in failures:
             print(f"\n--- failure: {f}")
