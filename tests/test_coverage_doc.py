@@ -24,7 +24,7 @@ DOC = ROOT / "docs" / "coverage.md"
 
 ARTICLES = {"E": "engineering article", "S": "survey article"}
 STATUSES = ("asserted", "shown", "mentioned", "corrected", "not covered")
-REASONS = ("GPU-only", "opinion", "out of scope", "open")
+REASONS = ("GPU-only", "opinion", "out of scope")
 NEEDS_REASON = ("mentioned", "not covered")
 COLUMNS = ("id", "claim", "status", "where", "reason", "note")
 
