@@ -3,6 +3,7 @@
     python -m ddp_lab.workbook build/workbook        # what `make workbook` runs
     python -m ddp_lab.workbook build/workbook --store                        # and keep the outputs
     python -m ddp_lab.workbook build/workbook --store notebooks/08_profiling.ipynb   # just these
+    python -m ddp_lab.workbook build/workbook --store --workshop docs/workshop.md    # and its timing table
 
 Writes one HTML file per notebook (solutions too) and an index.html listing each
 lesson with the time its execution took on this machine, for planning a workshop.
@@ -11,16 +12,29 @@ exit code is non-zero. `--store` writes each executed notebook back over its .ip
 (outputs and widget state), so the outputs readers see on GitHub come from one
 top-to-bottom run of lessons and solutions together; a notebook that failed is left
 as it was.
+
+Every run writes timings.json (date, machine: cores, platform, torch version; per notebook
+its title, seconds and whether it passed). With `--workshop FILE` it also rewrites the timing
+table of the workshop guide between `<!-- timings:start -->` and `<!-- timings:end -->`: the
+row of each lesson that ran and passed gets its time and where it was measured; the rows of
+lessons that failed or did not run keep what they said, so a partial run never erases a
+measurement. A lesson without a row gets one.
 """
 from __future__ import annotations
 
 import html
 import json
+import os
+import platform
+import re
 import sys
 import time
+from datetime import date
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+START, END = "<!-- timings:start -->", "<!-- timings:end -->"
+TABLE_HEADER = ["| notebook | topic | executes in | measured on |", "|---|---|---|---|"]
 
 
 def title_of(nb) -> str:
@@ -52,9 +66,72 @@ def render(path: Path, out_dir: Path, timeout: int = 600, store: bool = False) -
     return title_of(nb), seconds, error
 
 
+def machine() -> dict:
+    """Where the timings were measured: what decides how long a lesson takes to execute."""
+    try:
+        import torch  # its own version says the build too (2.x+cpu, 2.x+cu130), which the wheel's metadata drops
+        torch_version = str(torch.__version__)
+    except ImportError:  # pragma: no cover - torch is a dependency
+        torch_version = "not installed"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cores": os.cpu_count(), "platform": platform.system(), "machine": platform.machine(),
+            "python": platform.python_version(), "torch": torch_version,
+            "load_average_at_start": None if load is None else round(load, 1)}
+
+
+def lesson_id(name: str) -> str:
+    """`01b_rank_by_rank.ipynb` -> `01b`: the key of a lesson's row in the workshop guide."""
+    return Path(name).name.split("_", 1)[0]
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def update_timing_table(text: str, timings: dict) -> str:
+    """`text` with the table between START and END rewritten from `timings` (timings.json's content).
+
+    Only lessons (not solutions) that passed change their row; every other row stays as it was."""
+    if START not in text or END not in text or text.index(START) > text.index(END):
+        raise ValueError(f"no timing table: the file needs the markers {START} and {END}")
+    head, rest = text.split(START, 1)
+    table, tail = rest.split(END, 1)
+    m = timings["machine"]
+    where = f"{timings['date']}, {m['cores']} cores, {m['platform']}, torch {m['torch']}"
+    new = {lesson_id(name): (t, f"{t['seconds']:.0f} s") for name, t in timings["notebooks"].items()
+           if t["ok"] and not Path(name).stem.endswith("_solutions")}
+    rows = [line for line in table.strip().splitlines() if line.startswith("|")][2:]
+    out, seen = [], set()
+    for line in rows:
+        cells = _cells(line)
+        key = cells[0].strip("`")
+        seen.add(key)
+        if key in new:
+            cells = [cells[0], cells[1], new[key][1], where]
+        out.append("| " + " | ".join(cells) + " |")
+    for key in sorted(set(new) - seen):
+        out.append(f"| {key} | {new[key][0]['title']} | {new[key][1]} | {where} |")
+    out.sort(key=lambda line: _cells(line)[0].strip("`"))
+    return head + START + "\n" + "\n".join(TABLE_HEADER + out) + "\n" + END + tail
+
+
 def main(argv: list[str]) -> int:
     store = "--store" in argv
     args = [a for a in argv if a != "--store"]
+    workshop = None
+    if "--workshop" in args:
+        i = args.index("--workshop")
+        if i + 1 >= len(args):
+            print("error: --workshop needs the guide's path, e.g. --workshop docs/workshop.md", file=sys.stderr)
+            return 2
+        workshop = Path(args[i + 1])
+        del args[i:i + 2]
+        try:  # before an hour of execution, not after it
+            update_timing_table(workshop.read_text(encoding="utf-8"), {"date": "", "machine": {
+                "cores": 0, "platform": "", "torch": ""}, "notebooks": {}})
+        except (OSError, ValueError) as e:
+            print(f"error: {workshop}: {e}", file=sys.stderr)
+            return 2
     out_dir = Path(args[0] if args else "build/workbook")
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [Path(a).resolve() for a in args[1:]] or (
@@ -67,6 +144,7 @@ def main(argv: list[str]) -> int:
         from tqdm import tqdm
     except ImportError:  # tqdm is a dependency; this only keeps the tool usable without it
         tqdm = lambda xs, **_: xs  # noqa: E731
+    started = {"date": date.today().isoformat(), "machine": machine()}
     rows, failed = [], []
     for path in tqdm(paths, desc="executing notebooks", unit="nb"):
         title, seconds, error = render(path, out_dir, store=store)
@@ -82,9 +160,13 @@ def main(argv: list[str]) -> int:
         "<h1>DDP Lab workbook</h1><p>Executed on this machine; times are execution only.</p>"
         f"<table border=1 cellpadding=4><tr><th>file</th><th>title</th><th>ran in</th><th></th></tr>{items}</table>",
         encoding="utf-8")
-    (out_dir / "timings.json").write_text(json.dumps(
-        [{"notebook": p.name, "title": t, "seconds": round(s, 1), "ok": not e} for p, t, s, e in rows], indent=1))
+    timings = {**started, "notebooks": {
+        p.name: {"title": t, "seconds": round(s, 1), "ok": not e} for p, t, s, e in rows}}
+    (out_dir / "timings.json").write_text(json.dumps(timings, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {len(rows)} handouts to {out_dir}/ (open index.html)")
+    if workshop is not None:
+        workshop.write_text(update_timing_table(workshop.read_text(encoding="utf-8"), timings), encoding="utf-8")
+        print(f"updated the timing table in {workshop} (lessons that passed)")
     for line in failed:
         print("FAILED", line, file=sys.stderr)
     return 1 if failed else 0

@@ -1,7 +1,11 @@
 """`make workbook`: executed HTML handouts and an index with timings; failures are named."""
+import datetime
 import json
+import os
 
 import nbformat
+import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from ddp_lab import workbook
@@ -23,9 +27,12 @@ def test_renders_executed_html_and_names_a_failing_notebook(tmp_path, monkeypatc
     assert workbook.main([str(out)]) == 1
     assert "42" in (out / "00_ok.html").read_text()  # executed, not just converted
     assert (out / "01_bad.html").exists()
-    timings = {t["notebook"]: t for t in json.loads((out / "timings.json").read_text())}
+    run = json.loads((out / "timings.json").read_text())
+    timings = run["notebooks"]
     assert timings["00_ok.ipynb"]["ok"] and not timings["01_bad.ipynb"]["ok"]
-    assert timings["00_ok.ipynb"]["title"] == "A tiny lesson"
+    assert timings["00_ok.ipynb"]["title"] == "A tiny lesson" and timings["00_ok.ipynb"]["seconds"] > 0
+    assert run["machine"]["cores"] == os.cpu_count() and run["machine"]["torch"] == str(torch.__version__)
+    assert run["date"] == datetime.date.today().isoformat()
     assert "01_bad.ipynb" in capsys.readouterr().err
     assert "00_ok.html" in (out / "index.html").read_text()
 
@@ -52,7 +59,7 @@ def test_make_workbook_end_to_end_on_a_real_notebook(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = (out / name.replace(".ipynb", ".html")).read_text()
     assert "DDP101" in page                   # an output only a real execution of the cells prints
-    (timing,) = json.loads((out / "timings.json").read_text())
+    (timing,) = json.loads((out / "timings.json").read_text())["notebooks"].values()
     assert timing["ok"] and timing["seconds"] > 0 and timing["title"] == "10 · Solutions"
     assert name.replace(".ipynb", ".html") in (out / "index.html").read_text()
 
@@ -69,3 +76,62 @@ def test_store_writes_outputs_back_and_leaves_a_failing_notebook_as_it_was(tmp_p
     assert bad.read_bytes() == before                     # a failed run never overwrites stored outputs
     assert workbook.main([str(tmp_path / "html"), str(tmp_path / "missing.ipynb")]) == 2
     assert "no such notebook" in capsys.readouterr().err
+
+
+GUIDE = """# Workshop
+
+Some prose that stays.
+
+<!-- timings:start -->
+| notebook | topic | executes in | measured on |
+|---|---|---|---|
+| 00 | ok lesson | 12 s | 2026-01-01, 8 cores, Linux, torch 2.0 |
+| 01 | bad lesson | 34 s | 2026-01-01, 8 cores, Linux, torch 2.0 |
+| 01b | not run | — | — |
+| 02 | ok, not measured yet | — | — |
+<!-- timings:end -->
+
+Prose after the table that stays.
+"""
+
+
+def test_workshop_timing_table_rewritten_for_lessons_that_passed(tmp_path, capsys):
+    """`--workshop`: rows of lessons that ran and passed get their time; failed and unrun rows keep theirs."""
+    nbs = tmp_path / "notebooks"
+    (nbs / "solutions").mkdir(parents=True)
+    _write(nbs / "00_ok.ipynb", "print(6 * 7)")
+    _write(nbs / "01_bad.ipynb", "assert 1 == 2, 'the claim does not hold'")
+    _write(nbs / "02_ok.ipynb", "print(1)")
+    _write(nbs / "09b_new.ipynb", "print(2)")             # a lesson the guide has no row for yet
+    _write(nbs / "solutions" / "00_ok_solutions.ipynb", "print(3)")
+    guide = tmp_path / "workshop.md"
+    guide.write_text(GUIDE)
+    paths = [str(p) for p in (nbs / "00_ok.ipynb", nbs / "01_bad.ipynb", nbs / "02_ok.ipynb",
+                              nbs / "09b_new.ipynb", nbs / "solutions" / "00_ok_solutions.ipynb")]
+    assert workbook.main([str(tmp_path / "html"), "--workshop", str(guide), *paths]) == 1
+    text = guide.read_text()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| 0")}
+    run = json.loads((tmp_path / "html" / "timings.json").read_text())
+    where = f"{run['date']}, {os.cpu_count()} cores, {run['machine']['platform']}, torch {run['machine']['torch']}"
+    for key, name in (("00", "00_ok.ipynb"), ("02", "02_ok.ipynb"), ("09b", "09b_new.ipynb")):
+        assert rows[key][2] == f"{run['notebooks'][name]['seconds']:.0f} s" and rows[key][3] == where
+    assert rows["00"][1] == "ok lesson" and rows["09b"][1] == "A tiny lesson"   # topics kept; a new row titled
+    assert rows["01"] == ["01", "bad lesson", "34 s", "2026-01-01, 8 cores, Linux, torch 2.0"]  # failed: kept
+    assert rows["01b"] == ["01b", "not run", "—", "—"]                                            # not run: kept
+    assert list(rows) == ["00", "01", "01b", "02", "09b"]          # in teaching order
+    assert text.startswith("# Workshop\n\nSome prose that stays.\n\n<!-- timings:start -->\n| notebook |")
+    assert text.endswith("<!-- timings:end -->\n\nProse after the table that stays.\n")
+    assert workbook.update_timing_table(text, {**run, "notebooks": {}}) == text    # idempotent, nothing new
+    assert "timing table" in capsys.readouterr().out
+
+
+def test_workshop_without_markers_fails_before_executing_anything(tmp_path, capsys, monkeypatch):
+    guide = tmp_path / "workshop.md"
+    guide.write_text("# Workshop without a table\n")
+    monkeypatch.setattr(workbook, "render", lambda *a, **k: pytest.fail("executed a notebook"))
+    nb = tmp_path / "00_ok.ipynb"
+    _write(nb, "print(1)")
+    assert workbook.main([str(tmp_path / "html"), "--workshop", str(guide), str(nb)]) == 2
+    assert "timings:start" in capsys.readouterr().err
+    assert guide.read_text() == "# Workshop without a table\n"
