@@ -6,7 +6,9 @@ renders the diffs and tests/test_ladder.py keeps the ladder a ladder:
 - no rung changes more than MAX_CHANGED lines of the one before;
 - a rung adds or changes exactly the functions it declares in `changes` (so a fix made in
   train_ddp.py alone, and not in the rungs below it, fails the test);
-- every rung runs on its own under torchrun.
+- every rung runs on its own under torchrun;
+- the key lines notebook 06b shows first for each rung (`KEYS`) are in that rung and new in it
+  (tests/test_ladder_steps.py), so the excerpts cannot drift from the files.
 """
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ RUNGS = [
          "An unwritable folder, a full disk, an unreadable or mismatched checkpoint: one clear message.\n"
          "A failed save never damages the last good checkpoint, and no run resumes into the wrong model.",
          ("os_error_in", "describe_write_error", "atomic_save", "check_writable", "run_spec",
-          "read_checkpoint", "resume_state", "resume", "save_checkpoint", "check_start", "train")),
+          "read_checkpoint", "file_fingerprint", "resume_state", "resume", "save_checkpoint", "check_start",
+          "train")),
     Rung("ddp7_data_models.py", "your data and your model",
          "CIFAR-10, ImageFolder, synthetic data; a CNN, ResNet-18, dropout, BatchNorm, SyncBatchNorm.\n"
          "Own random streams per rank after identical weights; rank 0's BatchNorm stats for evaluation.",
@@ -70,6 +73,75 @@ RUNGS = [
          ("parse_args", "step_range", "validate", "params_sha256", "progress_bar", "wrap_model",
           "StepProfiler", "say", "crash", "train", "main")),
 ]
+
+
+@dataclass(frozen=True)
+class Key:
+    """A region of a rung that carries its idea: in definition `defn` (a top-level function or
+    class), the lines from the first one containing `first` to the next one containing `last`."""
+    defn: str
+    first: str
+    last: str
+    why: str         # one sentence: what these lines do
+
+
+# The 10-20 lines that carry each rung's idea (rung number -> regions), shown before the full diff.
+KEYS = {
+    2: (Key("evaluation_loader", "def evaluation_loader", "return DataLoader",
+            "Each validation sample goes to exactly one rank, so no padding copy is counted twice."),
+        Key("evaluate", "stats = torch.zeros(3", "dist.all_reduce(stats)",
+            "Sums of loss, correct answers and count, all-reduced: global numbers, not rank 0's shard."),
+        Key("Window", "def record", "samples_per_s=",
+            "One all-reduce per log record turns every rank's losses and samples into a global mean and rate.")),
+    3: (Key("ResumableSampler", "def __iter__", "return iter(rest",
+            "The epoch's shuffled order without its first `start` samples, sharded: a resume neither repeats nor skips."),
+        Key("atomic_save", "with open(tmp", "os.replace(tmp, path)",
+            "Write a temporary file, fsync it, then rename: a crash mid-save leaves the last good file."),
+        Key("train", "sampler.start = position", "sampler.start = position",
+            "Each epoch starts where the checkpoint says the data stopped."),
+        Key("train", "if last_pt and step % args.save_every", "saved_step = step",
+            "Every --save-every steps, all ranks join the save; it records the exact sample position.")),
+    4: (Key("is_sync_step", "return (i + 1)", "return (i + 1)",
+            "The last micro-batch of each group of --accum-steps (or of the epoch) is the one that syncs."),
+        Key("train", "sync = is_sync_step(", "grad_norm, skipped = optimizer_step",
+            "The other micro-batches run forward and backward under no_sync: K micro-batches, one all-reduce."),
+        Key("optimizer_step", "scaler.unscale_(optimizer)", "scaler.step(optimizer)",
+            "Clip the true gradients, and skip the step on every rank at once when their norm is not finite.")),
+    5: (Key("validate", "for name in (", "raise UsageError(f\"--{name",
+            "Flags are checked before any process group exists, the same way on every rank."),
+        Key("agree", "errors = [None]", "raise UsageError(first)",
+            "A problem one rank finds (its data, its disk) becomes every rank's error."),
+        Key("main", "except UsageError as e:", "sys.exit(2)",
+            "One message from rank 0 and exit code 2, instead of a traceback per rank.")),
+    6: (Key("check_writable", "with open(probe", "os.fsync(f.fileno())",
+            "Before the first step, write a probe file where checkpoints will go."),
+        Key("check_writable", "except OSError as e:", "+ (\"free space",
+            "An unwritable folder or a full disk becomes one sentence that says what to do."),
+        Key("read_checkpoint", "ckpt = torch.load(path, map_location", "return None, f\"cannot read",
+            "A checkpoint is loaded as data only (weights_only), and an unreadable one is named."),
+        Key("read_checkpoint", "differ = [k for k", "return None, (f\"checkpoint",
+            "A checkpoint of another data set or model shape is refused, with both settings named.")),
+    7: (Key("rank_seed", "return seed + 1_000_003", "return seed + 1_000_003",
+            "Each rank's own seed, far from the seed that built the identical initial weights."),
+        Key("train", "if args.sync_bn:", "convert_sync_batchnorm",
+            "--sync-bn swaps every BatchNorm for SyncBatchNorm (GPU only): statistics over the global batch."),
+        Key("train", "# From here on each rank", "random.seed(rank_seed(args.seed, rank))",
+            "After the weights are built, each rank draws its own dropout masks and augmentations."),
+        Key("sync_buffers", "for buffer in model.buffers()", "dist.broadcast(buffer",
+            "Before evaluating, rank 0's BatchNorm statistics are copied to every rank."),
+        Key("train", "sync_buffers(raw_model)", "sync_buffers(raw_model)",
+            "So every rank evaluates the same model.")),
+    8: (Key("main", "@record", "@record",
+            "torchrun's failure summary then holds the failing rank's own traceback."),
+        Key("wrap_model", "ddp_model = DDP(model", "return ddp_model, (torch.compile",
+            "DDP with tunable buckets, an optional 16-bit gradient compression hook, and torch.compile."),
+        Key("params_sha256", "h = hashlib.sha256()", "return h.hexdigest()",
+            "A hash of every weight's bytes: two runs ended equal, bit for bit, if their hashes match."),
+        Key("train", "profiler = StepProfiler(", "profiler = StepProfiler(",
+            "A torch.profiler trace of the steps --profile-steps names."),
+        Key("train", "if args.crash_at_step == step", "crash(rank, step, attempt)",
+            "A crash drill: SIGKILL every rank after one step, to rehearse torchrun's restart and the resume.")),
+}
 
 
 def path(rung: Rung | str) -> Path:
@@ -132,6 +204,73 @@ def show(k: int):
             f"({changed_lines(prev, r)} lines changed from <code>{prev.file}</code>)<br>"
             + "<br>".join(html.escape(s) for s in r.adds.splitlines()))
     return HTML(f"<p>{head}</p>" + diff_html(prev, r))
+
+
+def added_lines(a, b) -> set[int]:
+    """0-based numbers of the lines of rung b that are new against rung a (added or changed)."""
+    sm = difflib.SequenceMatcher(None, lines(a), lines(b), autojunk=False)
+    return {j for op, _, _, j1, j2 in sm.get_opcodes() if op in ("insert", "replace") for j in range(j1, j2)}
+
+
+def key_region(rung, key: Key) -> tuple[int, int]:
+    """(start, end) 0-based line numbers of `key` in the rung's file, end exclusive; KeyError or
+    ValueError when the definition or the marker lines are gone (the excerpt would have drifted)."""
+    src = lines(rung)
+    node = next(n for n in ast.parse("\n".join(src)).body
+                if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == key.defn)
+    lo = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+    body = range(lo, node.end_lineno)
+    start = next(i for i in body if key.first in src[i])
+    end = next(i for i in body if i >= start and key.last in src[i]) + 1
+    return start, end
+
+
+def key_lines(k: int) -> list[tuple[Key, list[tuple[int, str, bool]]]]:
+    """Rung k's key regions: for each, (line number from 1, text, new against rung k - 1)."""
+    r, prev = RUNGS[k - 1], RUNGS[k - 2]
+    src, new = lines(r), added_lines(prev, r)
+    out = []
+    for key in KEYS[k]:
+        start, end = key_region(r, key)
+        out.append((key, [(i + 1, src[i], i in new) for i in range(start, end)]))
+    return out
+
+
+def key_html(k: int) -> str:
+    """Rung k's key regions as HTML: the sentence, then the lines (new ones green, with their numbers)."""
+    parts = []
+    for key, rows in key_lines(k):
+        code = "\n".join(f'<span style="background:{_COLORS["+"] if added else "transparent"}">'
+                         f"{n:4d} {'+' if added else ' '} {html.escape(text)}</span>" for n, text, added in rows)
+        parts.append(f"<p style='margin:8px 0 2px 0'><code>{key.defn}</code>: {html.escape(key.why)}</p>"
+                     f'<div style="{_STYLE}">{code}</div>')
+    return "".join(parts)
+
+
+def steps(k: int):
+    """Notebook display of rung k (1-based): title, what it adds, its key lines with a sentence
+    each, then its whole diff from rung k - 1 folded in a <details> element (one click away)."""
+    from IPython.display import HTML
+
+    r, prev = RUNGS[k - 1], RUNGS[k - 2]
+    shown = sum(len(rows) for _, rows in key_lines(k))
+    head = (f"<b>Rung {k}: <code>{r.file}</code>, {html.escape(r.title)}</b><br>"
+            + "<br>".join(html.escape(s) for s in r.adds.splitlines()))
+    fold = (f"<details><summary>The whole diff from <code>{prev.file}</code>: {changed_lines(prev, r)} lines "
+            f"changed, in {len(r.changes)} functions and classes ({shown} of its lines shown above)</summary>"
+            + diff_html(prev, r) + "</details>")
+    return HTML(f"<p>{head}</p>" + key_html(k) + fold)
+
+
+def load(rung):
+    """Import a rung file as a module (it runs main() only under __main__), to call its functions."""
+    import importlib.util
+
+    r = RUNGS[rung - 1] if isinstance(rung, int) else rung
+    spec = importlib.util.spec_from_file_location(Path(r.file).stem, path(r))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def source_html(k: int) -> str:
