@@ -100,23 +100,23 @@ def diagnose(evidence: dict, world_size: int | None = None) -> Diagnosis | None:
             sites = sorted({c.site.short() for c in known if c.site})
             explain = f": the ranks are in different calls of the program ({' vs '.join(sites)})"
         kind = "mismatch"
-    number = f"#{target}" if target is not None else "that collective"
+    number = f"collective #{target}" if target is not None else "that collective"
     for r, s in sorted(states.items()):
         if r in waiting:
             continue
         kind = "missing" if kind == "agree" else kind
         if s.state == "finished":
             after = f" after collective #{s.collective.seq}" if s.collective else ""
-            parts.append(f"rank {r} never reached collective {number}: it finished the program{after}")
+            parts.append(f"rank {r} never reached {number}: it finished the program{after}")
         elif s.state == "failed" and is_secondary(s.exception):
             at = f" at {s.where.short()} in {s.where.name}" if s.where else ""
-            parts.append(f"rank {r} never reached collective {number}: it lost its peers{at}")
+            parts.append(f"rank {r} never reached {number}: it lost its peers{at}")
         elif s.state == "failed":
             at = f" at {s.where.short()} in {s.where.name}" if s.where else ""
-            parts.append(f"rank {r} never reached collective {number}: it failed first{at}: "
+            parts.append(f"rank {r} never reached {number}: it failed first{at}: "
                          f"{(s.exception or '')[:200]}")
         elif s.state == "elsewhere":
-            parts.append(f"rank {r} never reached collective {number}; its stack: "
+            parts.append(f"rank {r} never reached {number}; its stack: "
                          f"{s.where.short()} in {s.where.name}")
         else:
             parts.append(f"rank {r} could not be inspected")

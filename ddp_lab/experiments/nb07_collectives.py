@@ -3,6 +3,7 @@
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_collectives
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_collectives --abort
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_collectives --cases shape_detail
+    torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_collectives --dumps DIR
 
 Each failure runs in a fresh process group of its own (a 3 s timeout), so one launch can show
 several: the error each rank raised is caught and recorded (kind="case"), then the next case
@@ -19,9 +20,17 @@ starts on a new group. The cases, in order:
   shape_detail, dtype_detail
               all_reduce of 4 vs 8 elements, float32 vs float64, under DETAIL.
 With --abort, last: the 4 vs 8 all_reduce on plain gloo, which gloo cannot survive.
+
+With --dumps DIR, each rank leaves what a hung job leaves for `ddp-lab autopsy` in DIR/<case>/,
+the files ddp_lab.launch's autopsy writes when a rank dies of an exception: torch's Flight
+Recorder dump (the case's group only) and the traceback it raised (rank{R}.exception.json), or,
+for a rank that raised nothing, where it was instead (rank{R}.request.json).
 """
 import argparse
 import datetime
+import json
+import os
+import pickle
 import sys
 
 import torch
@@ -75,6 +84,35 @@ def dtype(ctx, g):
     dist.all_reduce(torch.ones(4, dtype=torch.float32 if ctx.rank == 0 else torch.float64), group=g)
 
 
+def _frames(tb_or_frame, traceback: bool) -> list:
+    out = []
+    while tb_or_frame is not None:
+        frame, line = (tb_or_frame.tb_frame, tb_or_frame.tb_lineno) if traceback else (tb_or_frame, tb_or_frame.f_lineno)
+        out.append({"file": frame.f_code.co_filename, "line": line, "name": frame.f_code.co_name})
+        tb_or_frame = tb_or_frame.tb_next if traceback else tb_or_frame.f_back
+    return out if traceback else out[::-1]
+
+
+def dump_case(folder: str, rank: int, g, exc: BaseException | None) -> None:
+    """What this rank leaves for the autopsy after one case: the Flight Recorder's entries of the
+    case's group (torch's own dump, without Python frames: symbolizing them costs seconds), and
+    the traceback of the error it raised, or its stack (it moved on: the caller's line)."""
+    os.makedirs(folder, exist_ok=True)
+    fr = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
+    fr["entries"] = [e for e in fr.get("entries", []) if e.get("process_group", [None])[0] == g.group_name]
+    with open(os.path.join(folder, f"fr_trace_rank_{rank}"), "wb") as f:
+        pickle.dump(fr, f)
+    if exc is not None:
+        dump = {"exception": {"type": type(exc).__name__, "message": str(exc)[:2000],
+                              "frames": _frames(exc.__traceback__, traceback=True)}}
+        name = "exception"
+    else:
+        dump = {"threads": [{"main": True, "frames": _frames(sys._getframe(1), traceback=False)}]}
+        name = "request"
+    with open(os.path.join(folder, f"rank{rank}.{name}.json"), "w") as f:
+        json.dump(dump, f)
+
+
 CASES = [("skip", skip_alone, False), ("skip_detail", skip, True), ("monitored", monitored, False),
          ("fixed", fixed, False),
          ("shape_detail", shape, True), ("dtype_detail", dtype, True)]
@@ -83,6 +121,7 @@ CASES = [("skip", skip_alone, False), ("skip_detail", skip, True), ("monitored",
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--abort", action="store_true", help="end with a mismatch on plain gloo")
+    parser.add_argument("--dumps", help="leave each case's Flight Recorder entries and stacks in DUMPS/<case>/")
     parser.add_argument("--cases", default=",".join(name for name, _, _ in CASES),
                         help="comma-separated cases to run, in the order above (default: all)")
     args = parser.parse_args(argv)
@@ -93,10 +132,13 @@ def main(argv=None):
     with runtime.distributed() as ctx:
         for name, case, detail in (c for c in CASES if c[0] in chosen):
             g = group(detail)
+            caught = None
             try:
                 out, error = case(ctx, g) or {}, None
             except Exception as exc:          # recorded for the notebook; the next case gets a new group
-                out, error = {}, f"{type(exc).__name__}: {exc}"
+                out, error, caught = {}, f"{type(exc).__name__}: {exc}", exc
+            if args.dumps:
+                dump_case(os.path.join(args.dumps, name), ctx.rank, g, caught)
             ctx.record(kind="case", case=name, error=error, **out)
             dist.barrier()                    # the default group is healthy: line up for the next case
         if args.abort:
