@@ -377,25 +377,47 @@ def read_checkpoint(path: str, spec: dict):
     return ckpt, None
 
 
-def resume_state(args, rank: int, spec: dict):
-    """(checkpoint or None, path) on every rank. Rank 0 finds and reads the file and broadcasts
-    it, so the other ranks need no copy (nodes without a shared filesystem resume too) and every
-    rank reaches the same verdict. The checkpoint is rank 0's save: every rank needs all of it."""
-    box = [None, None, None]  # checkpoint, path, error
+def file_fingerprint(path: str):
+    """(size, mtime in ns) of the file at `path` as this rank sees it; None if it sees no file."""
+    if not os.path.isfile(path):
+        return None
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def resume_state(args, rank: int, spec: dict, device):
+    """(checkpoint or None, path, who read it) on every rank. Rank 0 finds the file and sends its
+    path, size and mtime. If every rank sees that same file (shared storage; one small all_reduce
+    decides), each reads it itself to the CPU: nothing big crosses the network or the GPU. Else
+    rank 0 reads it and broadcasts it, so nodes without a shared filesystem resume too. Either way
+    every rank reaches the same verdict. The checkpoint is rank 0's save: every rank needs all of it."""
+    box = [None, None]  # path, its fingerprint on rank 0
     if rank == 0:
         path = args.resume if args.resume not in ("auto", "none") else None
         auto = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
         if args.resume == "auto" and auto and os.path.isfile(auto):
             path = auto
-        if path and not os.path.isfile(path):
-            box = [None, path, f"--resume {path!r}: no such file (use auto, none or a checkpoint path)"]
-        elif path:
-            ckpt, err = read_checkpoint(path, spec)
-            box = [ckpt, path, err]
+        box = [path, file_fingerprint(path) if path else None]
     dist.broadcast_object_list(box, src=0)
-    if box[2]:
-        raise UsageError(box[2])
-    return box[0], box[1]
+    path, mark = box
+    if path and mark is None:
+        raise UsageError(f"--resume {path!r}: no such file (use auto, none or a checkpoint path)")
+    if path is None:
+        return None, None, None
+    seen = torch.tensor([int(file_fingerprint(path) == mark)], device=device)
+    dist.all_reduce(seen, op=dist.ReduceOp.MIN)  # 1: every rank sees rank 0's file
+    if rank == 0:
+        print(f"resume: every rank reads {path} itself (shared storage)" if seen.item() else
+              f"resume: rank 0 reads {path} and sends it (other ranks cannot see the file)")
+    if seen.item():
+        ckpt, err = read_checkpoint(path, spec)
+        agree(err)  # a file one rank cannot use stops every rank, with the same message
+        return ckpt, path, "every rank"
+    box = list(read_checkpoint(path, spec)) if rank == 0 else [None, None]  # checkpoint, error
+    dist.broadcast_object_list(box, src=0)
+    if box[1]:
+        raise UsageError(box[1])
+    return box[0], path, "rank 0"
 
 
 def rng_state(device) -> dict:
@@ -455,10 +477,11 @@ def build_optimizer(args, model, world_size, steps_per_epoch):
 
 def resume(args, rank, world_size, spec, stateful, device, steps_per_epoch):
     """Load the checkpoint --resume names (if any) into `stateful` (model, optimizer, scheduler,
-    scaler); returns (epoch, samples_in_epoch, step) to continue from, and the checkpoint's path."""
-    ckpt, path = resume_state(args, rank, spec)
+    scaler); returns (epoch, samples_in_epoch, step) to continue from, the checkpoint's path, and
+    who read it ("every rank" or "rank 0")."""
+    ckpt, path, reader = resume_state(args, rank, spec, device)
     if ckpt is None:
-        return (0, 0, 0), None
+        return (0, 0, 0), None, None
     scheduler = stateful["scheduler"]
     base_lrs = list(scheduler.base_lrs)  # this layout's, before the checkpoint's replace them
     for name, obj in stateful.items():
@@ -483,7 +506,7 @@ def resume(args, rank, world_size, spec, stateful, device, steps_per_epoch):
             print(f"resume: the learning-rate schedule continues at its step {scheduler.last_epoch} of this layout")
     if len(ckpt["rng"]) == world_size:  # every rank continues its own random stream
         set_rng_state(ckpt["rng"][rank], device)
-    return (epoch, samples_in_epoch, step), path
+    return (epoch, samples_in_epoch, step), path, reader
 
 
 def save_checkpoint(path, stateful, position, spec, config, device, saved_step):
@@ -666,7 +689,7 @@ def train(args, rank, world_size, device, backend):
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     stateful = {"model": raw_model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
     # Resume before DDP wraps the model: DDP broadcasts rank 0's weights at construction.
-    (epoch, position, step), resumed = resume(args, rank, world_size, spec, stateful, device, steps_per_epoch)
+    (epoch, position, step), resumed, reader = resume(args, rank, world_size, spec, stateful, device, steps_per_epoch)
     model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None)
 
     metrics = Metrics(args.metrics_out, is_main, attempt)
@@ -680,7 +703,7 @@ def train(args, rank, world_size, device, backend):
                   effective_batch=effective_batch, lr_effective=lr, steps_per_epoch=steps_per_epoch,
                   total_steps=total_steps)
     if resumed:
-        metrics.write("resume", step=step, epoch=epoch, path=resumed)
+        metrics.write("resume", step=step, epoch=epoch, path=resumed, read_by=reader)
         say(is_main, f"resumed from {resumed} at step {step} (epoch {epoch}, sample {position})")
 
     last_pt = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
