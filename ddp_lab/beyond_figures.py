@@ -1,4 +1,4 @@
-"""Figures of notebook 09: per-rank memory measured against predicted, losses, 3D parallelism.
+"""Figures of notebooks 09 and 09b: memory measured against predicted, losses, 3D, pipeline schedules.
 
     from ddp_lab import beyond_figures as bf
     bf.memory_bars(rows)      # rows: dicts with world, strategy, rank, measured {...}, predicted {...}
@@ -6,6 +6,7 @@
     bf.three_d(dp=2, pp=2, tp=2)
     bf.split_bytes(sweep, ddp_bytes)   # bytes per step of a pipeline, tensor-parallel and DDP split
     bf.pipeline(grid, util)   # a GPipe schedule grid, busy fraction against micro-batches
+    bf.schedules(grids)       # {name: grid}: schedules one above the other, with what each stage holds
 """
 from __future__ import annotations
 
@@ -126,5 +127,30 @@ def pipeline(grid, util: dict):
     b.set_ylabel("busy fraction")
     b.set_title("lines: m / (m + stages - 1)", fontsize=9)
     b.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def schedules(grids: dict):
+    """Pipeline schedules one above the other (stages x time slots, F/B + micro-batch, blank = idle),
+    with the micro-batches each stage holds (forward done, backward not yet) at the right."""
+    fig, axes = plt.subplots(len(grids), 1, figsize=(10, 1.25 * sum(len(g) for g in grids.values()) / 2 + 0.6),
+                             squeeze=False)
+    for a, (name, grid) in zip(axes[:, 0], grids.items()):
+        k, slots = len(grid), len(grid[0])
+        for s, row in enumerate(grid):
+            held = peak = 0
+            for t, cell in enumerate(row):
+                if cell is not None:
+                    a.add_patch(Rectangle((t, k - 1 - s), 0.95, 0.9, color="#4c72b0" if cell[0] == "F" else "#dd8452"))
+                    a.text(t + 0.47, k - 1 - s + 0.45, cell, ha="center", va="center", fontsize=7, color="white")
+                    held += 1 if cell[0] == "F" else -1
+                    peak = max(peak, held)
+            a.text(slots + 0.3, k - 1 - s + 0.45, f"holds {peak}", va="center", fontsize=7)
+        a.set_xlim(0, slots + 2.5)
+        a.set_ylim(0, k)
+        a.set_yticks([k - 1 - s + 0.45 for s in range(k)], [f"stage {s}" for s in range(k)])
+        a.set_title(f"{name}: blank = idle; 'holds' = most micro-batches' activations kept at once", fontsize=9)
+    axes[-1, 0].set_xlabel("time slot")
     fig.tight_layout()
     return fig

@@ -1,4 +1,4 @@
-"""TensorFlow's tf.distribute and Horovod, mapped to DDP and torchrun (notebook 09, section 6).
+"""TensorFlow's tf.distribute and Horovod, mapped to DDP and torchrun (notebook 09b, section 7).
 
     from ddp_lab import beyond_tf
     beyond_tf.markdown()          # the side-by-side table, as Markdown

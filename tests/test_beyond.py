@@ -1,4 +1,4 @@
-"""Notebook 09: the memory calculator, its per-tensor predictions, and the programs that measure them."""
+"""Notebooks 09 and 09b: the memory calculator, its per-tensor predictions, and the programs that measure them."""
 import math
 
 import pytest
@@ -173,12 +173,42 @@ def test_checkpoint_saved_on_2_ranks_loads_on_4(launched):
     assert reshard["local_shape"] == [64, 32]
 
 
-def test_demos_and_pairs_in_the_2_rank_job(launched):
-    pairs = {(r["name"], r["rank"]): r for r in launched.select(kind="pair", world=2)}
+def test_cpu_support_probed_in_the_2_rank_job(launched):
+    support = {r["name"]: r for r in launched.select(kind="cpu_support", world=2, rank=0)}
+    assert support["FSDP2 MixedPrecisionPolicy(bf16)"]["error"] is None
+    assert set(support) == {"FSDP2 MixedPrecisionPolicy(bf16)", "FSDP2 CPUOffloadPolicy",
+                            "ZeroRedundancyOptimizer(overlap_with_ddp=True)"}
+    assert not launched.select(kind="tensor") and not launched.select(kind="pair")   # notebook 09b's now
+
+
+@pytest.fixture(scope="module")
+def parallelisms():
+    """Notebook 09b's one 2-process launch: TP and PP by hand and with torch's API, the Horovod pairs."""
+    return launch.torchrun("-m ddp_lab.experiments.nb09b_parallelisms", nproc=2, timeout=300, stream=False)
+
+
+def test_tensor_parallel_by_hand_equals_torch_and_the_unsplit_block(parallelisms):
+    for rank in (0, 1):
+        hand = parallelisms.select(kind="tp_by_hand", rank=rank)[0]
+        api = parallelisms.select(kind="tensor", rank=rank)[0]
+        assert hand["out_diff"] < 1e-5 and hand["x_grad_diff"] < 1e-6 and hand["grad_diff"] < 1e-6
+        assert hand["shard_digests"] == api["shard_digests"] and hand["shapes"] == api["shapes"] == {
+            "0.weight": [32, 16], "2.weight": [16, 32]}
+        assert hand["gloo_ops"] == api["gloo_ops"] == {"gloo:all_reduce": 2}
+        assert api["placements"]["0.weight"] == "(Shard(dim=0),)" and api["placements"]["2.weight"] == "(Shard(dim=1),)"
+
+
+def test_gpipe_by_hand_equals_torch_and_the_whole_model(parallelisms):
+    hand = parallelisms.select(kind="pp_by_hand", rank=1)[0]
+    api = parallelisms.select(kind="pipeline", rank=1)[0]
+    assert math.isclose(sum(hand["losses"]) / len(hand["losses"]), hand["ref_loss"], rel_tol=1e-5)
+    assert max(abs(a - b) for a, b in zip(hand["losses"], api["losses"])) < 1e-6
+    assert all(r["grad_diff"] < 1e-6 for r in parallelisms.select(kind="pp_by_hand"))
+    assert hand["gloo_ops"] == {"gloo:send": hand["micro"], "gloo:recv": hand["micro"]}
+
+
+def test_pairs_in_the_2_rank_launch(parallelisms):
+    pairs = {(r["name"], r["rank"]): r for r in parallelisms.select(kind="pair", world=2)}
     assert pairs["broadcast_parameters", 0]["after"] == pairs["broadcast_parameters", 1]["after"]
     assert pairs["optimizer_state", 0]["after_ddp"] != pairs["optimizer_state", 1]["after_ddp"]
     assert pairs["optimizer_state", 0]["after_broadcast"] == pairs["optimizer_state", 1]["after_broadcast"]
-    tp = launched.select(kind="tensor", rank=0)[0]
-    assert tp["out_diff"] < 1e-5 and tp["shapes"]["0.weight"] == [32, 16]
-    pp = launched.select(kind="pipeline", rank=1)[0]
-    assert math.isclose(sum(pp["losses"]) / len(pp["losses"]), pp["ref_loss"], rel_tol=1e-5)

@@ -1,4 +1,4 @@
-"""Notebook 09, section 6: the TensorFlow/Horovod table covers the names the survey article uses."""
+"""Notebook 09b, section 7: the TensorFlow/Horovod table covers the names the survey article uses."""
 import glob
 import os
 import re

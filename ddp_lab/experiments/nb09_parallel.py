@@ -1,4 +1,4 @@
-"""Notebook 09, section 5: tensor parallelism and a two-stage pipeline, on CPU over gloo.
+"""Notebooks 09 and 09b: what runs on CPU over gloo; tensor parallelism and a two-stage pipeline.
 
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb09_parallel
 
@@ -8,12 +8,14 @@ tensor    an MLP block split Megatron-style with torch.distributed.tensor.parall
 pipeline  a 4-layer MLP cut in two stages with torch.distributed.pipelining (rank 0: layers 0-1,
           rank 1: layers 2-3), GPipe schedule over 4 micro-batches; the loss and gradients are
           compared with the whole model on the whole batch. Needs exactly 2 ranks.
-Records kind="tensor" and kind="pipeline" with the largest differences found, and kind="cpu_support":
-which FSDP2/ZeRO options run on CPU over gloo in this torch (the error when one does not).
+Records kind="tensor" and kind="pipeline" with the largest differences found (notebook 09b runs both
+from nb09b_parallelisms), and kind="cpu_support": which FSDP2/ZeRO options run on CPU over gloo in
+this torch, the error when one does not (notebook 09 runs it from nb09_strategies).
 """
 import argparse
-import os
 import copy
+import hashlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -52,6 +54,10 @@ def tensor_demo(grp):
                out_diff=float((y.detach() - ref(x).detach()).abs().max()),
                grad_diff=max(float((w0.grad.to_local() - ref[0].weight.grad[mine]).abs().max()),
                              float((w2.grad.to_local() - ref[2].weight.grad[:, mine]).abs().max())),
+               placements={"0.weight": str(w0.placements), "2.weight": str(w2.placements),
+                           "2.bias": str(block[2].bias.placements)},
+               shard_digests={n: hashlib.blake2b(w.to_local().detach().contiguous().numpy().tobytes(),
+                                                 digest_size=8).hexdigest() for n, w in (("0.weight", w0), ("2.weight", w2))},
                gloo_ops=gloo_ops(prof))
 
 

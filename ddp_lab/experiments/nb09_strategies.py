@@ -1,11 +1,12 @@
-"""Notebook 09, sections 2-6: one model trained with DDP, DDP + ZeroRedundancyOptimizer and FSDP2.
+"""Notebook 09, sections 2-5: one model trained with DDP, DDP + ZeroRedundancyOptimizer and FSDP2.
 
     torchrun --standalone --nproc_per_node=4 -m ddp_lab.experiments.nb09_strategies --folder /tmp/ck
 
 Two jobs in one launch (starting processes is the slow part on a laptop):
   job 1  ranks 0-1 on a process group of their own, the others waiting: the three strategies, the
-         FSDP2 state saved, then nb09_parallel (tensor and pipeline parallel) and nb09_pairs (the
-         PyTorch side of the survey's TensorFlow/Horovod code)
+         FSDP2 state saved, then nb09_parallel.cpu_support (which FSDP2/ZeRO options run on gloo);
+         tensor and pipeline parallelism and the TensorFlow/Horovod pairs are notebook 09b's
+         (nb09b_parallelisms)
   job 2  all ranks: the three strategies again, then the checkpoint of job 1 loaded (resharded)
 Each strategy trains ddp_lab.beyond.build_model() for STEPS steps on the same global batches (each
 rank its slice), with Adam, and records (kind="strategy", world = the job's size, rank within it):
@@ -39,7 +40,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ddp_lab import runtime
 from ddp_lab.beyond import LR, STEPS, Group, build_model, global_batch
-from ddp_lab.experiments import nb09_pairs, nb09_parallel
+from ddp_lab.experiments import nb09_parallel
 
 COMM = {"on": False, "calls": []}  # collectives called while "on": (op, payload bytes)
 
@@ -185,8 +186,7 @@ def main():
                 model, optimizer = train(grp, strategy)
             save(grp, model, optimizer, args.folder)
             del model, optimizer
-            nb09_parallel.run_all(grp)
-            nb09_pairs.run_all(grp)
+            nb09_parallel.cpu_support(grp)
         dist.barrier()
         grp = Group.of(ctx)                           # job 2: every rank
         for strategy in ("ddp", "zero1", "fsdp"):
