@@ -116,23 +116,30 @@ def update_timing_table(text: str, timings: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    store = "--store" in argv
-    args = [a for a in argv if a != "--store"]
-    workshop = None
-    if "--workshop" in args:
-        i = args.index("--workshop")
-        if i + 1 >= len(args):
-            print("error: --workshop needs the guide's path, e.g. --workshop docs/workshop.md", file=sys.stderr)
-            return 2
-        workshop = Path(args[i + 1])
-        del args[i:i + 2]
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m ddp_lab.workbook", description=__doc__.split("\n")[0])
+    ap.add_argument("out_dir", nargs="?", default="build/workbook", help="where the HTML handouts go")
+    ap.add_argument("notebooks", nargs="*", help="only these notebooks (default: every lesson and solution)")
+    ap.add_argument("--store", action="store_true", help="write each executed notebook back over its .ipynb")
+    ap.add_argument("--workshop", metavar="GUIDE", help="rewrite the timing table of this guide "
+                    "(e.g. docs/workshop.md) with the lessons that ran and passed")
+    try:
+        a = ap.parse_intermixed_args(argv)  # flags anywhere: out --store a.ipynb b.ipynb
+    except SystemExit as e:  # --help (0) or a bad flag (2, after argparse's one-line message)
+        return int(e.code or 0)
+    store, workshop, args = a.store, Path(a.workshop) if a.workshop else None, [a.out_dir, *a.notebooks]
+    if workshop is not None:
         try:  # before an hour of execution, not after it
             update_timing_table(workshop.read_text(encoding="utf-8"), {"date": "", "machine": {
                 "cores": 0, "platform": "", "torch": ""}, "notebooks": {}})
         except (OSError, ValueError) as e:
             print(f"error: {workshop}: {e}", file=sys.stderr)
             return 2
-    out_dir = Path(args[0] if args else "build/workbook")
+    if Path(args[0]).suffix == ".ipynb":
+        print(f"error: the first argument is the output folder, not a notebook: "
+              f"python -m ddp_lab.workbook build/workbook {args[0]}", file=sys.stderr)
+        return 2
+    out_dir = Path(args[0])
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [Path(a).resolve() for a in args[1:]] or (
         sorted(NOTEBOOKS.glob("[0-9]*.ipynb")) + sorted((NOTEBOOKS / "solutions").glob("*.ipynb")))

@@ -135,3 +135,13 @@ def test_workshop_without_markers_fails_before_executing_anything(tmp_path, caps
     assert workbook.main([str(tmp_path / "html"), "--workshop", str(guide), str(nb)]) == 2
     assert "timings:start" in capsys.readouterr().err
     assert guide.read_text() == "# Workshop without a table\n"
+
+
+def test_help_executes_nothing_and_a_notebook_given_as_output_folder_is_refused(tmp_path, capsys, monkeypatch):
+    from ddp_lab import workbook
+    monkeypatch.chdir(tmp_path)
+    assert workbook.main(["--help"]) == 0
+    assert "--store" in capsys.readouterr().out
+    assert workbook.main(["notebooks/00_first_launch.ipynb"]) == 2
+    assert "the first argument is the output folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no folder named after a flag or a notebook
