@@ -165,3 +165,30 @@ def test_a_pattern_names_the_lesson_and_whether_the_check_rule_flags_the_code(tm
     patterns._parse.cache_clear()
     p = patterns.recognise({0: [Frame(str(prog), 5, "<module>")]}, others_elsewhere=True, mismatch=True)
     assert p.name == "mismatch" and p.rule is None
+
+
+def _frame(file, line, name):
+    return evidence.Frame(file, line, name)
+
+
+def test_a_rank_that_called_another_collective_at_the_same_number_is_a_mismatch_not_missing():
+    # Rank 0 waits in all_reduce #5 (a logging all_reduce under `if rank == 0`); rank 1 called
+    # DDP's broadcast #5 and then lost its peers: it did reach #5, with another collective.
+    torch_file = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    site0, site1 = _frame("/work/train.py", 30, "train"), _frame("/work/train.py", 24, "train")
+    r0 = evidence.RankEvidence(0, collectives=[evidence.Collective(5, "all_reduce", [[]], "0", site0)],
+                               stack=[site0, _frame(torch_file, 2800, "all_reduce")], stack_from="live")
+    r1 = evidence.RankEvidence(1, collectives=[evidence.Collective(5, "broadcast", [[3]], "0", site1)],
+                               stack=[site1], stack_from="exception",
+                               exception="DistBackendError: Connection closed by peer")
+    d = diagnose.diagnose({0: r0, 1: r1}, 2)
+    assert d.kind == "mismatch", d.headline
+    assert d.headline == ("rank 0 waits in all_reduce #5 (train.py:30); rank 1 called broadcast #5 [3] "
+                          "(train.py:24) instead, then lost its peers: the ranks called different collectives")
+
+
+def test_a_rank_tearing_its_group_down_is_not_waiting_in_a_collective():
+    torch_file = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    frames = [_frame("/work/train.py", 40, "main"), _frame(torch_file, 2100, "destroy_process_group")]
+    assert not evidence.in_collective(frames)
+    assert evidence.in_collective(frames[:1] + [_frame(torch_file, 2800, "all_reduce")])

@@ -104,6 +104,15 @@ def diagnose(evidence: dict, world_size: int | None = None) -> Diagnosis | None:
     for r, s in sorted(states.items()):
         if r in waiting:
             continue
+        other = _instead(s, target, waiting)
+        if other:  # it called collective #N too, but another one: a mismatch, not a missing rank
+            parts.append(f"rank {r} called {other} instead{_then(s)}")
+            if kind != "mismatch":
+                ops = {w.collective.op for w in waiting.values() if w.collective}
+                explain = (": the ranks called different collectives" if s.collective.op not in ops
+                           else f": the ranks called {s.collective.op} with different sizes")
+            kind = "mismatch"
+            continue
         kind = "missing" if kind == "agree" else kind
         if s.state == "finished":
             after = f" after collective #{s.collective.seq}" if s.collective else ""
@@ -150,6 +159,26 @@ def _state(e: RankEvidence) -> RankState:
     if e.finished:
         return RankState(e.rank, "finished", last, None, [], None, "exit")
     return RankState(e.rank, "unknown", last, None, [], e.exception, None)
+
+
+def _instead(s: RankState, target, waiting: dict) -> str | None:
+    """"broadcast #5 (train.py:24)" when a rank that is not waiting called collective #target with
+    another op or other sizes than the ranks waiting in it; None otherwise."""
+    c = s.collective
+    if target is None or c is None or c.seq != target:
+        return None
+    theirs = [w.collective for w in waiting.values() if w.collective and w.collective.seq == target]
+    if not theirs or all((w.op, _sizes(w.sizes)) == (c.op, _sizes(c.sizes)) for w in theirs):
+        return None
+    site = c.site or s.where
+    return f"{c.op} #{c.seq} {_sizes(c.sizes)}" + (f" ({site.short()})" if site else "")
+
+
+def _then(s: RankState) -> str:
+    if s.state == "failed":
+        return ", then lost its peers" if is_secondary(s.exception) else \
+            f", then failed: {(s.exception or '')[:200]}"
+    return {"finished": ", then finished the program"}.get(s.state, "")
 
 
 def _same_line(a, b) -> bool:

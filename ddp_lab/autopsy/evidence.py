@@ -94,12 +94,15 @@ def user_frame(frames: list) -> Frame | None:
 
 
 def in_collective(frames: list) -> bool:
-    """The innermost frames are torch's collective (or backward) machinery."""
+    """The innermost frames are torch's collective (or backward) machinery. Tearing the group
+    down (`destroy_process_group`) is not waiting for a peer: such a rank is elsewhere."""
     lib = []
     for f in reversed(frames):
         if not is_library(f.file):
             break
         lib.append(f)
+    if any(f.name == "destroy_process_group" for f in lib):
+        return False
     return any(_COLLECTIVE_FILES.search(f.file) for f in lib)
 
 

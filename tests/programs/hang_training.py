@@ -40,7 +40,18 @@ def train(model, optimizer, loader):
     return total
 
 
+def warm_up():
+    """Import, before any collective, what the first DDP step would import lazily: seconds on a
+    loaded machine, long enough for the other rank to run into the short process-group timeout
+    in an earlier collective than the one this program means to hang in."""
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+
+
 def main(how):
+    warm_up()
     timeout = datetime.timedelta(seconds=float(os.environ.get("HANG_PG_TIMEOUT", 600)))
     dist.init_process_group("gloo", timeout=timeout)
     rank = dist.get_rank()
