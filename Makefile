@@ -40,7 +40,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_scaling.py
 
-# Many runs in a row under load: scripts as 2-rank jobs, launching notebooks under nbval (~30 min).
+# Many runs in a row under load: scripts as 2-rank jobs, launching notebooks under nbval, the
+# process tests of the newer paths under pytest (about an hour on 2 cores).
 stress: $(STAMP)
 	$(PY) benchmarks/stress.py $(STRESS_ARGS)
 

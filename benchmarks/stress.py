@@ -1,7 +1,7 @@
 """Flaky is broken: run what starts processes many times in a row, under load, and count failures.
 
-    .venv/bin/python benchmarks/stress.py                 # make stress: everything (~30 min, 2 cores)
-    .venv/bin/python benchmarks/stress.py --runs 5 --passes 0   # a quick look at the scripts only
+    .venv/bin/python benchmarks/stress.py                 # make stress: everything (about an hour, 2 cores)
+    .venv/bin/python benchmarks/stress.py --runs 5 --passes 0 --test-passes 0   # the scripts only
 
 1. scripts/train_ddp.py and scripts/minimal_ddp.py as 2-rank torchrun jobs, --runs times each,
    in --loops loops at once so the machine is busy (the configuration that used to abort at exit
