@@ -46,6 +46,22 @@ def title_of(nb) -> str:
     return "untitled"
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_TEXT = "(an interactive control: run this cell to use it)"
+WIDGET_REPR = re.compile(r"[A-Za-z_]\w*\(\w+=")  # VBox(children=..., interactive(children=...
+
+
+def without_widget_reprs(nb):
+    """Where a stored output is a widget, its plain-text fallback is a sentence, not the widget's
+    repr (`VBox(children=(FloatLogSlider(...`), which is what a reader sees until the cell runs."""
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET_VIEW in data and WIDGET_REPR.match(str(data.get("text/plain", ""))):
+                data["text/plain"] = WIDGET_TEXT  # a fallback the notebook wrote itself stays
+    return nb
+
+
 def render(path: Path, out_dir: Path, timeout: int = 600, store: bool = False) -> tuple[str, float, str | None]:
     import nbformat
     from nbconvert import HTMLExporter
@@ -60,7 +76,7 @@ def render(path: Path, out_dir: Path, timeout: int = 600, store: bool = False) -
         error = str(e).strip().splitlines()[-1][:300]
     seconds = time.time() - start
     if store and error is None:
-        nbformat.write(nb, path)
+        nbformat.write(without_widget_reprs(nb), path)
     body, _ = HTMLExporter().from_notebook_node(nb)
     (out_dir / path.with_suffix(".html").name).write_text(body, encoding="utf-8")
     return title_of(nb), seconds, error

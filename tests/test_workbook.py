@@ -145,3 +145,17 @@ def test_help_executes_nothing_and_a_notebook_given_as_output_folder_is_refused(
     assert workbook.main(["notebooks/00_first_launch.ipynb"]) == 2
     assert "the first argument is the output folder" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # no folder named after a flag or a notebook
+
+
+def test_stored_widget_outputs_read_as_a_sentence_not_a_repr():
+    import nbformat
+    from ddp_lab import workbook
+    for path in sorted((workbook.NOTEBOOKS).rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in path.parts:
+            continue
+        for cell in nbformat.read(path, as_version=4).cells:
+            for out in cell.get("outputs", []):
+                data = out.get("data", {})
+                if workbook.WIDGET_VIEW in data:
+                    assert not workbook.WIDGET_REPR.match(str(data.get("text/plain", ""))), \
+                        (path.name, data["text/plain"][:80])
