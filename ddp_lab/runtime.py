@@ -22,6 +22,7 @@
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import gc
@@ -163,7 +164,7 @@ def teardown() -> None:
 
 @contextlib.contextmanager
 def distributed(timeout: float | None = None):
-    """setup() ... teardown() in `finally`, so a failing rank still releases the group.
+    """setup() ... teardown(), however the block ends, so a failing rank still releases the group.
 
     A DDP model (and the gloo state it holds) must be freed before destroy_process_group: freed
     during interpreter exit instead, it can abort a rank that finished its work ("terminate
@@ -173,14 +174,36 @@ def distributed(timeout: float | None = None):
     then on the stack, so a model local to a function outlived the function's return until the
     cycle collector ran. The gc.collect() before teardown frees it while the group still exists.
     Seen with torch 2.14.1; harmless where the cycle is gone.
+
+    A rank of a launched job that fails with an error releases the group at exit instead, after
+    Python has printed its traceback: released first, it would wake the other ranks' waiting
+    collectives with "Connection closed", and torchrun, seeing one of them exit first, can stop
+    this rank before its traceback is out, so the log would name a secondary error as the cause.
     """
     ctx = setup(timeout)
     try:
         yield ctx
-    finally:
-        sys.stdout.flush()
-        gc.collect()  # what reference cycles still hold (see above), freed while the group exists
-        teardown()
+    except Exception:
+        if ctx.launched:
+            atexit.register(_release, printed=True)  # runs after sys.excepthook printed the traceback
+        else:
+            _release()
+        raise
+    except BaseException:  # SystemExit, KeyboardInterrupt: nothing to print first
+        _release()
+        raise
+    else:
+        _release()
+
+
+def _release(printed: bool = False) -> None:
+    if printed:  # the printed error's frames hold the models: free them while the group exists
+        for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+            if hasattr(sys, name):
+                setattr(sys, name, None)
+    sys.stdout.flush()
+    gc.collect()  # what reference cycles still hold (see above), freed while the group exists
+    teardown()
 
 
 def all_reduce_mean(sum_and_count: list[float], device: torch.device | str = "cpu") -> float:

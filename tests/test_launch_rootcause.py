@@ -161,3 +161,13 @@ def test_when_every_error_is_secondary_the_rank_that_hung_is_named():
     assert message.startswith("rank 0 failed: RuntimeError: Timed out waiting 5000ms")
     assert "rank 1 was still running when torchrun stopped it; its last output: " \
            "'loading the next shard'" in message
+
+
+def test_a_failing_rank_releases_the_group_only_after_its_traceback_is_out():
+    """Released first (in runtime.distributed's finally), the group woke rank 0's all-reduce with
+    "Connection closed"; rank 0 exited, torchrun stopped rank 1 before its traceback printed,
+    and the secondary error was blamed."""
+    with pytest.raises(launch.LaunchError) as info:
+        launch.torchrun(PROGRAMS / "slow_traceback.py", nproc=2, stream=False, timeout=120)
+    assert info.value.rank == 1, str(info.value)
+    assert "rank 1's own error" in str(info.value).splitlines()[0], str(info.value)
