@@ -152,3 +152,44 @@ def test_docs_show_each_rule_flagging_its_example_and_passing_the_fix(rule_id):
     if rule.section:
         text = (ROOT / "docs" / "check.md").read_text(encoding="utf-8").split(f"\n### {rule_id}\n", 1)[1]
         assert Path(check.SECTIONS[rule.section][0]).name in text.split("\n### ", 1)[0]
+
+
+def pre_commit_hooks() -> list:
+    """.pre-commit-hooks.yaml, read with PyYAML when it is installed, else with a reader for the
+    flat `- key: value` list this file is."""
+    text = (ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8")
+    try:
+        import yaml
+        return yaml.safe_load(text)
+    except ImportError:
+        hooks = []
+        for line in text.splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            if line.startswith("- "):
+                hooks.append({})
+            name, value = line[2:].split(":", 1)
+            value = value.strip()
+            hooks[-1][name.strip()] = [v.strip() for v in value[1:-1].split(",")] if value.startswith("[") else value
+        return hooks
+
+
+def test_pre_commit_hook_runs_the_checker_on_the_files_it_is_given(capsys, tmp_path):
+    [hook] = pre_commit_hooks()
+    assert (hook["id"], hook["entry"], hook["language"]) == ("ddp-lab-check", "ddp-lab check", "python")
+    assert set(hook["types_or"]) == {"python", "shell", "jupyter"}
+    program, *args = hook["entry"].split()
+    tomllib = pytest.importorskip("tomllib")
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"][program] == "ddp_lab.cli:main"
+    # pre-commit runs `entry file file ...` with the staged files that match types_or
+    (tmp_path / "a.py").write_text(BROKEN)
+    (tmp_path / "b.sh").write_text("torchrun train.py --nnodes=2\n")
+    (tmp_path / "c.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "source": "!torchrun train.py"}]}))
+    (tmp_path / "d.py").write_text(CLEAN)
+    staged = [tmp_path / n for n in ("a.py", "b.sh", "c.ipynb", "d.py")]
+    assert args == ["check"]
+    rc = cli.main([*args, "--concise", *map(str, staged)])
+    out = capsys.readouterr().out
+    assert rc == 1 and out.endswith("4 findings in 3 files (4 files checked)\n")
+    assert [line.split(": ")[1].split()[0] for line in out.splitlines()[:-1]] == ["DDP002", "DDP001", "DDP104", "DDP102"]
+    assert cli.main([*args, str(staged[-1])]) == 0   # clean files let the commit through

@@ -4,7 +4,7 @@ A rule is a small function registered with @rule(id, sentence, fix, section, kin
 - kind "python": called with a pyfacts.Module, yields Hit(node) (or Hit(node, "specific message"));
 - kind "shell": called with a shell.Script (lines, commands, broken continuations), yields
   Hit(line number, ..., col=...).
-The rule modules (rules_*.py, shell.py) register themselves when ddp_lab.check is imported.
+The rule modules (rules_*.py, rules_more.py, shell.py) register themselves when ddp_lab.check is imported.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ SECTIONS = {
     "ranks": ("notebooks/00_first_launch.ipynb", "2. Nodes, devices, processes, ranks"),
     "comments": ("notebooks/00_first_launch.ipynb", "Why a widely copied command breaks the shell"),
     "bang": ("notebooks/00_first_launch.ipynb", "5. Why not `!torchrun` in a cell?"),
+    "dataparallel": ("notebooks/01_dataparallel_vs_ddp.ipynb", "1. Two dataflows"),
     "seeds": ("notebooks/01_dataparallel_vs_ddp.ipynb", "5.2 `seed_everything(42 + rank)` and DDP's broadcast"),
     "buffers": ("notebooks/01_dataparallel_vs_ddp.ipynb", "5.3 `broadcast_buffers=False` and BatchNorm"),
     "set_epoch": ("notebooks/02_sampler_and_metrics.ipynb", "2. `shuffle` and `set_epoch`"),
@@ -36,6 +37,7 @@ SECTIONS = {
     "prefixes": ("notebooks/06_checkpointing.ipynb", "2. The `module.` and `_orig_mod.` prefixes"),
     "load": ("notebooks/06_checkpointing.ipynb", "4. Reading a checkpoint back on N ranks"),
     "skipped": ("notebooks/07_troubleshooting.ipynb", "1. A rank skips a collective"),
+    "launch": ("notebooks/07_troubleshooting.ipynb", "4. Launch and rendezvous failures"),
     "identity": ("notebooks/07_troubleshooting.ipynb", "8. Wrong identity"),
 }
 

@@ -24,6 +24,8 @@ class Command:
     first: int               # line numbers, 1-based
     last: int
     tokens: list
+    background: bool = False  # ended by `&`
+    loop: int = 0             # how many for/while/until bodies hold it
 
 
 @dataclass
@@ -32,6 +34,7 @@ class Script:
     breaks: list = field(default_factory=list)     # (line, col, "comment" | "space")
     commands: list = field(default_factory=list)
     bang: bool = False                             # one `!cmd` line of a notebook
+    depth: int = 0                                 # loop bodies open while scanning
 
 
 def scan(text: str, bang: bool = False) -> Script:
@@ -90,8 +93,11 @@ def _commands(script: Script, code: str, first: int, last: int) -> None:
     current: list = []
     for tok in tokens + [";"]:
         if tok in SEPARATORS:
+            if current and current[0] in ("do", "done"):
+                script.depth = script.depth + 1 if current[0] == "do" else max(script.depth - 1, 0)
+                current = current[1:]
             if current:
-                script.commands.append(Command(first, last, current))
+                script.commands.append(Command(first, last, current, tok == "&", script.depth))
             current = []
         else:
             current.append(tok)
@@ -173,3 +179,109 @@ def option_after_script(script: Script):
                                "and torchrun runs with its default.")
                 yield hit
                 break
+
+
+def option(cmd: Command, start: int, *names: str) -> str | None:
+    """The value of a launcher option (`--name=v` or `--name v`, `_` or `-` spelling) before the script."""
+    toks, wanted = cmd.tokens, {n.replace("_", "-") for n in names}
+    i = start
+    while i < len(toks) and toks[i].startswith("-"):
+        name, eq, value = toks[i].partition("=")
+        if name.replace("_", "-") in wanted:
+            return value if eq else (toks[i + 1] if i + 1 < len(toks) else None)
+        i += 1 if eq or toks[i] in NO_VALUE else 2
+    return None
+
+
+def _port(cmd: Command, start: int) -> str | None:
+    """A port written as digits: --master_port=29500, MASTER_PORT=29500 torchrun ..., or the port of
+    --rdzv_endpoint=host:29400."""
+    port = option(cmd, start, "--master_port")
+    if port is None:
+        port = next((t.split("=", 1)[1] for t in cmd.tokens[:start] if t.startswith("MASTER_PORT=")), None)
+    if port is None:
+        endpoint = option(cmd, start, "--rdzv_endpoint") or ""
+        port = endpoint.rsplit(":", 1)[1] if ":" in endpoint else None
+    return port if port and port.isdigit() else None
+
+
+def sbatch(script: Script, *names: str) -> str | None:
+    """The value of an `#SBATCH` option (the last one given), `--name=v`, `--name v` or `-N v`."""
+    value = None
+    for line in script.lines:
+        if line.startswith("#SBATCH"):
+            words = line[len("#SBATCH"):].split("#", 1)[0].split()
+            for i, word in enumerate(words):
+                name, eq, v = word.partition("=")
+                if name in names:
+                    value = v if eq else (words[i + 1] if i + 1 < len(words) else None)
+    return value
+
+
+@rule("DDP105", "A fixed --master_port for launches that run at the same time on one machine (a loop or "
+      "several commands sent to the background, a job array): the second one fails with EADDRINUSE "
+      "(address already in use).",
+      fix="give each launch its own port (--master_port=$((29500 + i))), or use --standalone (single node), "
+          "which picks a free one",
+      section="launch", kind="shell")
+def fixed_port_twice(script: Script):
+    array = sbatch(script, "--array", "-a") is not None
+    seen: list = []
+    for cmd in script.commands:
+        if cmd.tokens[0] == "wait":
+            seen = []   # the launches sent to the background before have ended
+        found = launcher(cmd)
+        port = _port(cmd, found[1]) if found else None
+        if port is None:
+            continue
+        node = option(cmd, found[1], "--node_rank")
+        again = [c for c, p, n in seen if p == port and c.background and not (n and node and n != node)]
+        if (cmd.loop and cmd.background) or again or array:
+            hit = _at(script, cmd, port)
+            why = "inside a loop, sent to the background" if cmd.loop and cmd.background else \
+                f"also used by the launch on line {again[0].first}, still running" if again else \
+                "in a job array, whose tasks can share a machine"
+            hit.message = (f"Port {port} is fixed {why}: the second launch on the same machine fails with "
+                           "EADDRINUSE (address already in use).")
+            yield hit
+        seen.append((cmd, port, node))
+
+
+def _gpus_per_node(script: Script) -> int | None:
+    """GPUs each node of this sbatch job gets, from --gpus-per-node, --gres=gpu:N, --gpus-per-task
+    (times --ntasks-per-node) or --gpus over --nodes; None when the file does not say."""
+    def count(text):
+        last_part = (text or "").rsplit(":", 1)[-1]
+        return int(last_part) if last_part.isdigit() else None
+    per_node = sbatch(script, "--gpus-per-node")
+    gres = next((g for g in (sbatch(script, "--gres") or "").split(",") if g.startswith("gpu")), None)
+    if per_node or gres:
+        return count(per_node or (gres if ":" in gres else "gpu:1"))
+    tasks = sbatch(script, "--ntasks-per-node")
+    per_task = count(sbatch(script, "--gpus-per-task"))
+    if per_task and tasks is None and sbatch(script, "--ntasks", "-n") is None:
+        return per_task                   # one task per node
+    if per_task and count(tasks):
+        return per_task * count(tasks)
+    total, nodes = count(sbatch(script, "--gpus", "-G")), count(sbatch(script, "--nodes", "-N"))
+    return total // nodes if total and nodes and total % nodes == 0 else None
+
+
+@rule("DDP106", "--nproc_per_node starts more processes on a node than the GPUs this job asks for: "
+      "processes share a GPU (NCCL refuses: 'Duplicate GPU detected') or pick a device that does not exist.",
+      fix="make --nproc_per_node equal the GPUs per node the job requests (--gpus-per-node, --gres=gpu:N), "
+          "or request as many GPUs as processes",
+      kind="shell")
+def nproc_over_gpus(script: Script):
+    gpus = _gpus_per_node(script)
+    if gpus is None:
+        return
+    for cmd in script.commands:
+        found = launcher(cmd)
+        nproc = option(cmd, found[1], "--nproc_per_node") if found else None
+        if nproc and nproc.isdigit() and int(nproc) > gpus:
+            hit = _at(script, cmd, "--nproc")
+            hit.message = (f"--nproc_per_node={nproc} starts {nproc} processes per node, but the job asks for "
+                           f"{gpus} GPU{'s' * (gpus != 1)} per node: processes share a GPU or pick one that "
+                           "does not exist.")
+            yield hit
