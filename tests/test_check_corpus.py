@@ -45,7 +45,8 @@ ARTICLE_BUGS = {
 }
 
 CORPUS_FINDINGS = {
-    "tutorial_spawn.py": [("DDP002", 'dist.init_process_group("gloo", rank=rank, world_size=world_size)')],
+    "tutorial_spawn.py": [("DDP002", 'dist.init_process_group("gloo", rank=rank, world_size=world_size)'),
+                          ("DDP019", 'os.environ["MASTER_PORT"] = "12355"')],  # fixed port, spawned
     "plain_loop.py": [
         ("DDP001", 'dist.init_process_group(backend="nccl", timeout=timedelta(minutes=30))'),
         ("DDP007", "for epoch in range(args.epochs):"),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 
-from . import rules_ckpt, rules_more, rules_setup, rules_train, shell  # noqa: F401  (they register the rules)
+from . import rules_amp, rules_ckpt, rules_more, rules_setup, rules_train, shell  # noqa: F401  (they register the rules)
 from .core import RULES, SECTIONS, Finding, Rule
 from .files import Unreadable, check_file, ipynb, iter_files, python, shell_script
 

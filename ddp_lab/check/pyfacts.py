@@ -10,6 +10,7 @@ import ast
 import re
 
 from .astutil import dotted, is_ddp_call, key, last, pairs
+from .flow import Flow
 from .ranks import RankFacts
 
 # A file that talks about DDP at all. Rules whose pattern is also fine in single-process code
@@ -35,6 +36,7 @@ class Module(RankFacts):
         self.nodes = list(ast.walk(tree))
         self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
         self._callers: dict = {}
+        self._assignments: dict = {}
         self.is_ddp = bool(DDP_TEXT.search(text))
         self.multiprocess = True   # False for a notebook's kernel: one process, whatever it imports
         self.uses_cuda = bool(re.search(r"\bcuda\b|device_ids|nccl", text))
@@ -42,6 +44,14 @@ class Module(RankFacts):
         self.runs_distributed = any(last(c) in DISTRIBUTED_CALLS for c in self.calls) or any(
             isinstance(n, ast.Constant) and n.value in ("RANK", "LOCAL_RANK", "WORLD_SIZE") for n in self.nodes)
         self.aliases = self._aliases()
+        self._flow = None
+
+    @property
+    def flow(self) -> Flow:
+        """Calls followed into this file's functions, exclusive branches, guards (flow.py)."""
+        if self._flow is None:
+            self._flow = Flow(self)
+        return self._flow
 
     # ------------------------------------------------------------ structure
     def ancestors(self, node):
@@ -81,18 +91,23 @@ class Module(RankFacts):
     def assignments(self, scope, name: str) -> list[tuple[int, ast.AST | None, ast.AST]]:
         """(line, value, binding node) for every binding of `name` in scope, in line order; value is
         None where it cannot be told (a loop or with target, `a, b = f()`)."""
-        out = []
-        for node in self.walk_scope(scope):
-            if isinstance(node, ast.Assign):
-                for t in node.targets:
-                    out += [(node.lineno, v, node) for k, v in pairs(t, node.value) if k == name]
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and key(node.target) == name:
-                out.append((node.lineno, node.value, node))
-            elif isinstance(node, (ast.For, ast.AsyncFor)) and name in {key(n) for n in ast.walk(node.target)}:
-                out.append((node.lineno, None, node))
-            elif isinstance(node, ast.withitem) and node.optional_vars is not None and key(node.optional_vars) == name:
-                out.append((node.optional_vars.lineno, None, node.optional_vars))
-        return sorted(out, key=lambda p: p[0])
+        if id(scope) not in self._assignments:   # every name of the scope in one walk
+            found: dict = {}
+            for node in self.walk_scope(scope):
+                if isinstance(node, ast.Assign):
+                    for t in node.targets:
+                        for k, v in pairs(t, node.value):
+                            found.setdefault(k, []).append((node.lineno, v, node))
+                elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                    found.setdefault(key(node.target), []).append((node.lineno, node.value, node))
+                elif isinstance(node, (ast.For, ast.AsyncFor)):
+                    for k in {key(n) for n in ast.walk(node.target)}:
+                        found.setdefault(k, []).append((node.lineno, None, node))
+                elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                    found.setdefault(key(node.optional_vars), []).append(
+                        (node.optional_vars.lineno, None, node.optional_vars))
+            self._assignments[id(scope)] = {k: sorted(v, key=lambda p: p[0]) for k, v in found.items()}
+        return self._assignments[id(scope)].get(name, [])
 
     # ------------------------------------------------------------ calls into helpers
     def callers(self, func) -> list:

@@ -107,11 +107,16 @@ class RankFacts:
         return (kind, True) if kind else None
 
     def rank0_only(self, node) -> tuple[ast.AST, str] | None:
-        """(the if, kind) when node runs on rank 0 only (or on one process per node, kind local)."""
+        """(the if, kind) when node runs on rank 0 only (or on one process per node, kind local):
+        inside `if rank == 0:`, or after `if not is_master(args): return` in its function."""
         for branch, in_body in self.branches(node):
             r = self.rank0_test(branch.test)
             if r and r[1] == in_body:
                 return branch, r[0]
+        for stmt in self.flow.before(node):
+            r = self.rank0_test(stmt.test) if isinstance(stmt, ast.If) else None
+            if r and not r[1] and stmt.body and isinstance(stmt.body[-1], (ast.Return, ast.Raise)):
+                return stmt, r[0]
         return None
 
     def guarded(self, node) -> bool:

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import ast
+import re
 
-from .astutil import dotted, key
+from .astutil import dotted, key, last
 from .core import Hit, rule
-from .pyfacts import Module
+from .pyfacts import DISTRIBUTED_CALLS, Module
 
 
 def _arg(call: ast.Call, index: int, name: str):
@@ -49,8 +50,18 @@ def save_on_every_rank(m: Module):
             yield Hit(call)
         elif where is not None:
             func = m.function(call)
-            yield Hit(call, f"torch.save runs on every rank: {func.name}() is called on every rank, outside "
-                            "any rank-0 check.")
+            if _program(func):   # main() itself: the rank-0 check goes around its torch.save
+                yield Hit(call, f"torch.save runs on every rank: {func.name}() is called on every rank, outside "
+                                "any rank-0 check.")
+            else:                # a saving helper: the rank-0 check goes around its call
+                yield Hit(where, f"torch.save runs on every rank: {func.name}() saves (torch.save, line "
+                                 f"{call.lineno}) and is called here on every rank, outside any rank-0 check.")
+
+
+def _program(func) -> bool:
+    """A function that is the program rather than a helper: it loops, or sets up the job."""
+    return any(isinstance(n, (ast.For, ast.While, ast.AsyncFor)) or (isinstance(n, ast.Call) and last(n) in
+               DISTRIBUTED_CALLS) for n in ast.walk(func))
 
 
 @rule("DDP014", "torch.load without map_location in a CUDA program: tensors saved from cuda:0 load onto "
@@ -67,7 +78,24 @@ def load_without_map_location(m: Module):
             continue
         if m.rank0_only(call) or _saved_here(m, source, call):
             continue  # only rank 0 loads (on its own cuda:0), or this process wrote the file itself
+        if any(m.flow.exclusive(call, other) and _arg(other, 1, "map_location") is not None
+               for other in _torch_calls(m, "load")):
+            continue  # the other branch maps it (`if args.gpu is None: ... else: map_location=loc`)
+        if _loads_data(m, call):
+            continue  # `dataset, _ = torch.load(cache_path)`: a cached data set, not GPU tensors
         yield Hit(call)
+
+
+DATA = re.compile(r"^(data(set)?|.*_data(set)?|dataset_\w+|cache\w*|vocab\w*|meta\w*|tokens?|labels?|splits?|index)$", re.I)
+
+
+def _loads_data(m: Module, call) -> bool:
+    """The loaded object is bound to a data set's name (`dataset, _ = torch.load(p)`)."""
+    stmt = m.parent.get(call)
+    if not isinstance(stmt, ast.Assign):
+        return False
+    names = [n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name) and n.id != "_"]
+    return bool(names) and all(DATA.match(n) for n in names)
 
 
 def _saved_here(m: Module, source, at) -> bool:

@@ -35,8 +35,15 @@ def hardcoded_nccl(m: Module):
     for call in m.calls:
         if last(call) == "init_process_group":
             arg = _backend_arg(call)
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.lower() == "nccl":
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.lower() == "nccl" \
+                    and not m.flow.ensured(call, _asks_for_gpu):
                 yield Hit(arg)
+
+
+def _asks_for_gpu(test) -> bool:
+    """A test on the GPUs being there: torch.cuda.is_available(), torch.cuda.device_count()."""
+    return any(isinstance(n, ast.Call) and last(n) in ("is_available", "device_count")
+               and "cuda" in (dotted(n.func) or "") for n in ast.walk(test))
 
 
 @rule("DDP002", "init_process_group has no timeout: when one rank dies or stalls, the others wait in "
@@ -106,7 +113,44 @@ def changed_after_wrap(m: Module):
             elif last(call) == "convert_sync_batchnorm" and call.args:               # convert_sync_batchnorm(model)
                 target = key(call.args[0])
             if target in names and not _rebound(m, scope, target, ddp.end_lineno, call.lineno) \
-                    and _forward_after(m, scope, names, call.lineno):
+                    and not m.flow.exclusive(ddp, call) and _forward_after(m, scope, names, call.lineno):
+                yield Hit(call)
+        yield from _changed_in_other_method(m, ddp, names)
+
+
+def _change_target(call) -> str | None:
+    if isinstance(call.func, ast.Attribute) and call.func.attr in MOVES:      # model.to(device)
+        return key(call.func.value)
+    if last(call) == "convert_sync_batchnorm" and call.args:                  # convert_sync_batchnorm(model)
+        return key(call.args[0])
+    return None
+
+
+def _changed_in_other_method(m: Module, ddp, names):
+    """`self.model = DDP(...)` in a method that runs first (__init__, or one that calls the other
+    after wrapping), and `self.model` moved or converted in another method, then used as a model."""
+    wrapper = m.function(ddp)
+    cls = m.parent.get(wrapper)
+    attrs = {n for n in names if n.startswith("self.")}
+    if not attrs or not isinstance(cls, ast.ClassDef):
+        return
+    methods = [f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f is not wrapper]
+    called = {m.flow.target(c): c for c in m.walk_scope(wrapper) if isinstance(c, ast.Call) and m.flow.target(c)}
+    used = any(isinstance(c, ast.Call) and (key(c.func) in attrs or (
+        isinstance(c.func, ast.Attribute) and key(c.func.value) in attrs and c.func.attr in ("train", "forward")))
+        for f in methods for c in m.walk_scope(f))
+    for f in methods:
+        if f in called:
+            runs_after = called[f].lineno > ddp.end_lineno
+        else:
+            runs_after = wrapper.name == "__init__"
+        if not (runs_after and used):
+            continue
+        for call in sorted((c for c in m.walk_scope(f) if isinstance(c, ast.Call)), key=lambda c: c.lineno):
+            target = _change_target(call)
+            to_cpu = any(isinstance(a, ast.Constant) and a.value == "cpu" for a in ast.walk(call))  # an export
+            if target in attrs and not to_cpu and \
+                    not any(is_ddp_call(c) and c.lineno > call.lineno for c in m.walk_scope(f)):
                 yield Hit(call)
 
 
@@ -149,10 +193,30 @@ def no_buffer_broadcast(m: Module):
                     yield Hit(kw)
 
 
-def _seed_call(call: ast.Call) -> bool:
-    name = last(call)
+def _seeds(call) -> bool:
+    if not isinstance(call, ast.Call):
+        return False
     owner = dotted(call.func.value) if isinstance(call.func, ast.Attribute) else None
-    return name in SEED_FUNCS or (name in SEED_CALLS and owner in SEED_OWNERS)
+    return last(call) in SEED_FUNCS or (last(call) in SEED_CALLS and owner in SEED_OWNERS)
+
+
+def _seed_call(m: Module, call: ast.Call) -> bool:
+    """A seed call, or a call of this file's function that seeds (`fix_random_seeds`, `seed_all`)."""
+    func = m.flow.target(call)
+    return _seeds(call) or (func is not None and m.flow.reaches(func, _seeds) is not None)
+
+
+def _per_rank(m: Module, call: ast.Call) -> bool:
+    """An argument mentions the rank, directly or through a name bound to it (`seed = s + rank`)."""
+    scope = m.scope(call)
+    for arg in [*call.args, *(k.value for k in call.keywords)]:
+        if m.mentions_rank(arg):
+            return True
+        if isinstance(arg, ast.Name):
+            before = [v for line, v, _ in m.assignments(scope, arg.id) if line < call.lineno]
+            if before and before[-1] is not None and m.mentions_rank(before[-1]):
+                return True
+    return False
 
 
 def _builds_model(node) -> bool:
@@ -172,13 +236,14 @@ def _builds_model(node) -> bool:
       section="seeds")
 def per_rank_seed_first(m: Module):
     for call in m.calls:
-        if not (_seed_call(call) and any(m.mentions_rank(a) for a in [*call.args, *(k.value for k in call.keywords)])):
+        if not ((_seeds(call) or m.flow.target(call)) and _seed_call(m, call) and _per_rank(m, call)):
             continue
         scope = m.scope(call)
         later = sorted((n for n in m.walk_scope(scope) if getattr(n, "lineno", 0) > call.end_lineno
                         and isinstance(n, (ast.Call, ast.Assign))), key=lambda n: n.lineno)
         for n in later:
-            if isinstance(n, ast.Call) and _seed_call(n) and not any(m.mentions_rank(a) for a in n.args):
+            if isinstance(n, ast.Call) and (_seeds(n) or m.flow.target(n)) and _seed_call(m, n) \
+                    and not _per_rank(m, n):
                 break   # reseeded the same on every rank first
             if _builds_model(n):
                 yield Hit(call)

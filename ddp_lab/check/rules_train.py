@@ -1,18 +1,26 @@
-"""Rules about the training loop: sampler epochs, metrics, collectives, accumulation, AMP."""
+"""Rules about the training loop: sampler epochs, metrics, collectives, accumulation (AMP: rules_amp.py)."""
 from __future__ import annotations
 
 import ast
 import re
 
+from . import rules_amp  # noqa: F401  (registers DDP012)
 from .astutil import dotted, key, last
 from .core import Hit, rule
 from .pyfacts import COLLECTIVES, Module
 
 EPOCHISH = re.compile(r"epoch", re.I)
-METRIC = re.compile(r"loss|acc|correct|metric|ppl|perplexity|top[15]", re.I)
+# A metric's name, matched word by word (`val_acc`, `lossf`, `top1`; not `grad_accum_steps`).
+METRIC_WORD = re.compile(r"^(loss\w*|acc\d*|accs|accuracy|accuracies|correct\w*|metrics?|ppl|perplexity|top\d+"
+                         r"|err|error|f1|miou|bleu|auc)$", re.I)
 REDUCING = re.compile(r"reduce|gather|all_?mean|sync|global|across", re.I)
 PRINT0 = re.compile(r"^(print0|print_rank_?0|rank0_print|log0|master_print|print_master|main_print|rank_zero_info)$")
-DEPRECATED_AMP = re.compile(r"^torch\.(cuda|cpu)\.amp\.(autocast|GradScaler|custom_fwd|custom_bwd)$")
+FEEDS = {"update", "append", "add", "extend", "add_", "update_state"}
+
+
+def _metric(name: str) -> bool:
+    words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).split("_")
+    return any(METRIC_WORD.match(w) for w in words if w)
 
 
 def _shuffles(call: ast.Call) -> bool:
@@ -42,7 +50,7 @@ def no_set_epoch(m: Module):
     for loop in m.nodes:
         head = ast.unparse(loop.target) + " " + ast.unparse(loop.iter) if isinstance(loop, ast.For) else \
             ast.unparse(loop.test) if isinstance(loop, ast.While) else None
-        if head and EPOCHISH.search(head) and any(isinstance(n, ast.For) for n in _inner(loop)):
+        if head and EPOCHISH.search(head) and m.flow.reaches(loop, _is_for):
             yield Hit(loop, "This epoch loop never calls sampler.set_epoch(epoch): DistributedSampler "
                             "shuffles with seed + epoch, so every epoch repeats the order of epoch 0.")
 
@@ -65,6 +73,9 @@ def _reduced(m: Module, scope) -> set:
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
                 and (last(n) in COLLECTIVES or REDUCING.search(last(n))):
             names.add(n.func.value.id)  # loss_meter.all_reduce(), metric_logger.synchronize_between_processes()
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
+                and n.func.attr in FEEDS:
+            assigns.append(({n.func.value.id}, n))   # losses_m.update(reduced_loss.item()): the meter holds it
         elif isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None:
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
             assigns.append(({x.id for t in targets for x in ast.walk(t) if isinstance(x, ast.Name)}, n.value))
@@ -87,8 +98,16 @@ def _reduces(m: Module, call: ast.Call) -> bool:
     name = last(call) or ""
     if REDUCING.search(name) or name == "compute" or re.search(r"eval|valid|test", name, re.I):
         return True
-    defs = [f for f in m.nodes if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == name]
-    return any(isinstance(c, ast.Call) and last(c) in COLLECTIVES for f in defs for c in ast.walk(f))
+    func = m.flow.target(call)
+    return func is not None and m.flow.reaches(func, _is_collective_call) is not None
+
+
+def _is_for(node) -> bool:
+    return isinstance(node, ast.For)
+
+
+def _is_collective_call(node) -> bool:
+    return isinstance(node, ast.Call) and last(node) in COLLECTIVES
 
 
 @rule("DDP008", "Rank 0 prints a metric computed on its own shard only: the number describes 1/N of "
@@ -104,7 +123,7 @@ def per_rank_metric_printed(m: Module):
                or m.identity(n) for a in args for n in ast.walk(a)):
             continue  # it says whose number it is
         scope, reduced = m.scope(call), None
-        for name in sorted({n.id for a in args for n in ast.walk(a) if isinstance(n, ast.Name) and METRIC.search(n.id)}):
+        for name in sorted({n.id for a in args for n in ast.walk(a) if isinstance(n, ast.Name) and _metric(n.id)}):
             reduced = _reduced(m, scope) if reduced is None else reduced
             if _shard_only(m, scope, name, reduced):
                 yield Hit(call, f"Rank 0 prints {name}, computed on its own shard only: the number "
@@ -118,12 +137,32 @@ def _shard_only(m: Module, scope, name: str, reduced: set, depth: int = 0) -> bo
     bindings = m.assignments(scope, name)
     if not bindings or name in reduced or depth > 3:
         return False  # a parameter or a global (origin unknown), or a cross-rank value
+    computed = [node for _, v, node in bindings if not isinstance(v, ast.Constant)]
+    if computed and all(_over_whole_set(m, scope, node) for node in computed):
+        return False  # every rank computed it over the whole (unsharded) data set
     on_rank0 = [(v, node) for _, v, node in bindings if m.rank0_only(node)]
     if not on_rank0:
         return True
     return all(v is not None for v, _ in on_rank0) and any(
         _shard_only(m, scope, n.id, reduced, depth + 1) for v, _ in on_rank0 for n in ast.walk(v)
-        if isinstance(n, ast.Name) and n.id != name and METRIC.search(n.id))
+        if isinstance(n, ast.Name) and n.id != name and _metric(n.id))
+
+
+def _over_whole_set(m: Module, scope, node) -> bool:
+    """node runs in a loop over a DataLoader built in scope without a sampler (every rank reads
+    every sample); False when that cannot be told."""
+    for loop in m.ancestors(node):
+        if loop is scope:
+            return False
+        if isinstance(loop, (ast.For, ast.AsyncFor)):
+            source = loop.iter.args[0] if isinstance(loop.iter, ast.Call) and last(loop.iter) == "enumerate" \
+                and loop.iter.args else loop.iter
+            values = [v for _, v, _ in m.assignments(scope, source.id)] if isinstance(source, ast.Name) else [source]
+            if len(values) == 1 and isinstance(values[0], ast.Call) and last(values[0]) == "DataLoader":
+                loader = values[0]
+                return not any(kw.arg in ("sampler", "batch_sampler") for kw in loader.keywords) \
+                    and len(loader.args) < 4 and not any(m.mentions_rank(a) for a in loader.args)
+    return False
 
 
 @rule("DDP009", "A collective inside a rank-0-only block: the other ranks never join it, so the job hangs "
@@ -133,23 +172,52 @@ def _shard_only(m: Module, scope, name: str, reduced: set, depth: int = 0) -> bo
       section="skipped")
 def collective_on_rank0(m: Module):
     imported = _from_torch_distributed(m)
+    is_collective = lambda c: _is_world_collective(c, imported)  # noqa: E731
+    unconditional = lambda c: is_collective(c) and not _up_to_caller(m, c)  # noqa: E731  (one object: cached)
     for call in m.calls:
-        name = last(call)
-        if name not in COLLECTIVES:
+        if is_collective(call):
+            inner = None
+        elif m.flow.target(call) is not None:   # evaluate(), which all-reduces inside
+            inner = m.flow.reaches(m.flow.target(call), unconditional)
+            if inner is None:
+                continue
+            inner = inner[0]
+        else:
             continue
-        if isinstance(call.func, ast.Attribute) and not re.search(r"dist", dotted(call.func.value) or "", re.I):
+        if not m.rank0_only(call):
             continue
-        if isinstance(call.func, ast.Name) and name not in imported:
-            continue
-        if not m.rank0_only(call) or any(kw.arg == "group" for kw in call.keywords) or any(
-                isinstance(n, (ast.Name, ast.Attribute)) and re.search(r"group|(^|_)pg$", ast.unparse(n), re.I)
-                for a in call.args for n in ast.walk(a)):
-            continue  # a subgroup: its members may be exactly the ranks in this branch
         scope = m.scope(call)
-        if any(isinstance(c, ast.Call) and c is not call and last(c) == name and not m.rank0_only(c)
+        same = (lambda c: last(c) == last(call)) if inner is None else (lambda c: m.flow.target(c) is m.flow.target(call))
+        if any(isinstance(c, ast.Call) and c is not call and same(c) and not m.rank0_only(c)
                for c in m.walk_scope(scope)):
             continue  # the others call it elsewhere (`if rank != 0: barrier()` ... `if rank == 0: barrier()`)
-        yield Hit(call)
+        yield Hit(call) if inner is None else Hit(call, (
+            f"{ast.unparse(call.func)}() calls {ast.unparse(inner.func)} (line {inner.lineno}), a collective, but only "
+            "rank 0 calls it here: the other ranks never join, so the job hangs until the timeout."))
+
+
+def _up_to_caller(m: Module, node) -> bool:
+    """node sits under an `if` on a parameter of its function (`if together: dist.barrier()`): whether
+    it runs depends on what the caller passes."""
+    func = m.function(node)
+    if func is None:
+        return False
+    params = {a.arg for a in [*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs]}
+    return any(isinstance(n, ast.Name) and n.id in params
+               for branch, _ in m.branches(node) for n in ast.walk(branch.test))
+
+
+def _is_world_collective(call, imported) -> bool:
+    """dist.all_reduce(t) and the like, on the default (whole-world) group."""
+    if not isinstance(call, ast.Call) or last(call) not in COLLECTIVES:
+        return False
+    if isinstance(call.func, ast.Attribute) and not re.search(r"dist", dotted(call.func.value) or "", re.I):
+        return False
+    if isinstance(call.func, ast.Name) and call.func.id not in imported:
+        return False
+    return not (any(kw.arg == "group" for kw in call.keywords) or any(
+        isinstance(n, (ast.Name, ast.Attribute)) and re.search(r"group|(^|_)pg$", ast.unparse(n), re.I)
+        for a in call.args for n in ast.walk(a)))  # a subgroup: its members may be exactly the ranks here
 
 
 def _from_torch_distributed(m: Module) -> set:
@@ -190,25 +258,29 @@ def accumulation_without_no_sync(m: Module):
         backwards = _steps_every_k(m, node) if isinstance(node, ast.If) else \
             _micro_step_loop(m, node) if isinstance(node, (ast.For, ast.AsyncFor)) else []
         if backwards:
-            first = min(backwards, key=lambda c: (c.lineno, c.col_offset))
-            if id(first) not in seen:
-                seen.add(id(first))
-                yield Hit(first)
+            first, via = min(backwards, key=lambda p: (p[1] or p[0]).lineno * 10000 + (p[1] or p[0]).col_offset)
+            if id(via or first) not in seen:
+                seen.add(id(via or first))
+                yield Hit(first) if via is None else Hit(via, (
+                    f"Gradient accumulation without no_sync: {ast.unparse(via.func)}() runs backward() (line "
+                    f"{first.lineno}) on every micro-step but the optimizer steps every k, and DDP all-reduces after "
+                    "each backward, so k-1 of every k all-reduces are wasted."))
 
 
 def _steps_every_k(m: Module, branch: ast.If) -> list:
-    """The backward calls of a loop or function whose optimizer steps only under `if i % k == 0:`
-    (or after `if i % k: continue`)."""
+    """(backward call, call in the loop that reaches it or None) of a loop or function whose optimizer
+    steps only under `if i % k == 0:` (or after `if i % k: continue`), following this file's calls."""
     if not any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(branch.test)):
         return []
     owner = next(a for a in m.ancestors(branch) if isinstance(a, (ast.For, ast.While, ast.FunctionDef,
                                                                    ast.AsyncFunctionDef, ast.Module)))
-    inside = {id(n) for n in ast.walk(branch)}
+    inside = {id(n) for n, _ in m.flow.reach(branch)}
     skips = len(branch.body) == 1 and isinstance(branch.body[0], ast.Continue)
-    steps = [c for c in _inner(owner) if _is_optimizer_step(c)]
+    reached = m.flow.reach(owner)
+    steps = [c for c, _ in reached if _is_optimizer_step(c)]
     if not steps or not all((id(c) in inside) != skips for c in steps):
         return []  # no step here, or an optimizer also steps outside the window (two optimizers, a GAN)
-    return [c for c in _inner(owner) if _is_backward(c) and id(c) not in inside]
+    return [(c, via) for c, via in reached if _is_backward(c) and id(c) not in inside]
 
 
 def _micro_step_loop(m: Module, loop) -> list:
@@ -221,7 +293,7 @@ def _micro_step_loop(m: Module, loop) -> list:
     if any(_is_optimizer_step(c) for c in _inner(loop)) or \
             not any(_is_optimizer_step(c) for s in after for c in ast.walk(s)):
         return []
-    return [c for c in _inner(loop) if _is_backward(c)]
+    return [(c, None) for c in _inner(loop) if _is_backward(c)]
 
 
 @rule("DDP011", "no_sync() wraps only backward: DDP decides in forward whether the coming backward "
@@ -247,23 +319,3 @@ def _may_forward(node, models) -> bool:
     return isinstance(node, ast.Call) and (
         (isinstance(node.func, ast.Name) and node.func.id not in ("len", "float", "int", "sum", "min", "max", "print"))
         or (key(node.func) or "").startswith("self."))
-
-
-@rule("DDP012", "torch.cuda.amp is deprecated; without CUDA it also switches itself off with a warning "
-      "and trains in fp32.",
-      fix='use torch.amp: torch.amp.autocast("cuda", dtype=...) and torch.amp.GradScaler("cuda")',
-      section="amp")
-def deprecated_amp(m: Module):
-    for node in m.nodes:
-        parent = m.parent.get(node)
-        used = (isinstance(parent, ast.Call) and parent.func is node) or \
-            (isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) and node in parent.decorator_list)
-        if isinstance(node, ast.Attribute) and used and DEPRECATED_AMP.match(dotted(node) or ""):
-            yield Hit(node, f"{dotted(node)} is deprecated (use torch.amp); without CUDA it also switches "
-                            "itself off with a warning and runs in fp32.")
-        elif isinstance(node, ast.ImportFrom) and (node.module in ("torch.cuda.amp", "torch.cpu.amp") or (
-                node.module in ("torch.cuda", "torch.cpu") and any(a.name == "amp" for a in node.names))):
-            yield Hit(node, f"Importing from {node.module}{'' if node.module.endswith('amp') else '.amp'}, "
-                            "which is deprecated (use torch.amp).")
-        elif isinstance(node, ast.Import) and any(a.name.startswith(("torch.cuda.amp", "torch.cpu.amp")) for a in node.names):
-            yield Hit(node, "Importing torch.cuda.amp, which is deprecated (use torch.amp).")
