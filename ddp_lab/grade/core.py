@@ -1,0 +1,188 @@
+"""Grade an exercise: run the learner's answer where the lesson proves its claim, compare.
+
+An Exercise says how to run an answer on each rank (`on_rank`, which returns plain
+observations: lists, numbers, strings) and how to judge the observations of every rank
+against a reference the grader computes itself (`judge`, which returns the problems, each
+a sentence with the evidence and the likely fix). Exercises with nproc=0 run in the kernel.
+
+Answers go to the ranks by value: cloudpickle when it is installed (a function defined in a
+notebook cell travels with the globals it uses), else the function's source, which IPython
+keeps for every cell, executed on the rank with torch, dist, nn and F imported.
+"""
+from __future__ import annotations
+
+import dis
+import inspect
+import pickle
+import re
+import sys
+import textwrap
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+REGISTRY: dict[str, "Exercise"] = {}
+RANK_TIMEOUT_S = 10  # a collective no other rank joins fails after this long: a hang is a finding
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str            # "03.5": notebook 03, exercise 5
+    notebook: str      # "03_ring_allreduce"
+    title: str
+    skills: str        # for the instructors' list in docs/exercises.md
+    answer: str        # what the learner hands to grade.check
+    nproc: int         # ranks of the grading launch; 0 grades in the kernel
+    on_rank: Callable  # (answer, rank, world) -> dict of observations
+    judge: Callable    # ({rank: observations}) -> list of problems, [] when it passes
+    on_error: Callable = lambda error: None  # (error text) -> a hint, or None
+
+
+def register(exercise: Exercise) -> Exercise:
+    REGISTRY[exercise.id] = exercise
+    return exercise
+
+
+@dataclass
+class Result:
+    id: str
+    passed: bool | None        # None: not attempted yet
+    problems: list = field(default_factory=list)
+    title: str = ""
+
+    def __str__(self) -> str:
+        if self.passed is None:
+            return (f"{self.id} {self.title}: not attempted yet. Fill in the function above and run "
+                    f"this cell again.")
+        if self.passed:
+            return f"{self.id} {self.title}: passed."
+        return "\n".join([f"{self.id} {self.title}: not yet."] + [f"  - {p}" for p in self.problems])
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(str(self))
+
+
+def is_stub(answer) -> bool:
+    """True for None, or a function whose body is only a docstring and `...`/`pass`."""
+    if answer is None:
+        return True
+    if isinstance(answer, (tuple, list)):
+        return any(is_stub(a) for a in answer)
+    code = getattr(answer, "__code__", None)
+    if code is None:
+        return False
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP")]
+    return ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
+
+
+def _by_value(obj) -> None:
+    """Make cloudpickle copy the module that defined `obj` (a test fixture, a learner's file)."""
+    import cloudpickle
+    for f in obj if isinstance(obj, (tuple, list)) else (obj,):
+        name = getattr(f, "__module__", None) or "__main__"
+        mod = sys.modules.get(name)
+        if name != "__main__" and mod is not None and not name.startswith(("ddp_lab", "torch")) \
+                and getattr(mod, "__file__", None):
+            cloudpickle.register_pickle_by_value(mod)
+
+
+def pack(answer) -> bytes:
+    try:
+        import cloudpickle
+    except ImportError:
+        return pickle.dumps(("source", _sources(answer)))
+    _by_value(answer)
+    return pickle.dumps(("pickle", cloudpickle.dumps(answer)))
+
+
+def _sources(answer):
+    if isinstance(answer, (tuple, list)):
+        return [_sources(a) for a in answer]
+    if not callable(answer):
+        return ("value", answer)
+    return ("def", answer.__name__, textwrap.dedent(inspect.getsource(answer)))
+
+
+def unpack(blob: bytes):
+    how, payload = pickle.loads(blob)
+    if how == "pickle":
+        return pickle.loads(payload)
+    return _from_source(payload)
+
+
+def _from_source(item):
+    if isinstance(item, list):
+        return tuple(_from_source(i) for i in item)
+    if item[0] == "value":
+        return item[1]
+    import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F  # noqa: E401
+    namespace = {"torch": torch, "dist": dist, "nn": nn, "F": F}
+    exec(compile(item[2], f"<answer {item[1]}>", "exec"), namespace)
+    return namespace[item[1]]
+
+
+def error_text(exc: BaseException) -> str:
+    """One line: the error and the last line of the answer's own code it came from."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "ddp_lab" not in f.filename and "torch" not in f.filename]
+    where = f" (at `{frames[-1].line}`)" if frames and frames[-1].line else ""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {clean(first)}{where}"
+
+
+def clean(message: str) -> str:
+    """gloo's message without its source path and its boilerplate advice."""
+    message = re.sub(r"\[(enforce fail at )?[^\]]*\.(cc|cpp|h):\d+\] ", "", message)
+    return message.split(". This is typically")[0].split(" Is there a distributed")[0][:300]
+
+
+CONSEQUENCE = ("connection closed", "connection reset", "read error", "broken pipe")
+
+
+def _consequence(error: str) -> bool:
+    return any(c in error.lower() for c in CONSEQUENCE)
+
+
+def judge(exercise: Exercise, per_rank: dict) -> list:
+    """Problems of one graded answer: the errors first, else what the exercise's judge finds."""
+    launch_failure = per_rank.pop("launch", None)
+    errors = {r: o["error"] for r, o in per_rank.items() if "error" in o}
+    missing = [r for r in range(max(exercise.nproc, 1)) if r not in per_rank]
+    if errors or missing:
+        causes = {r: e for r, e in errors.items() if not _consequence(e)}
+        shown = causes if (causes or missing) else errors
+        problems = [f"rank {r} raised {e}" for r, e in sorted(shown.items())]
+        if missing:
+            problems.append(f"rank{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} died without "
+                            f"a Python error: {clean(launch_failure or 'no record')}")
+        lost = sorted(set(errors) - set(shown))
+        if lost:
+            problems.append(f"rank{'s' * (len(lost) > 1)} {', '.join(map(str, lost))} lost the connection: "
+                            f"a consequence of the failure above")
+        hints = {h for h in map(exercise.on_error, [*errors.values(), launch_failure or ""]) if h}
+        if any("timed out" in e.lower() for e in errors.values()):
+            hints.add(f"a rank waited {RANK_TIMEOUT_S} s for a message or collective that no other rank "
+                      f"sent or joined: every rank must make the same calls, in the same order")
+        return merge_ranks(problems, max(exercise.nproc, 1)) + sorted(hints)
+    return merge_ranks(exercise.judge(per_rank), max(exercise.nproc, 1))
+
+
+def merge_ranks(problems: list, world: int) -> list:
+    """"rank 0 did X", "rank 1 did X" -> "every rank did X": one line per distinct finding."""
+    groups: dict = {}
+    for p in problems:
+        m = re.search(r"\brank (\d+)", p)
+        key = p if m is None else p[:m.start()] + "rank {}" + p[m.end():]
+        groups.setdefault(key, []).append(m and int(m.group(1)))
+    lines = []
+    for key, ranks in groups.items():
+        if ranks == [None]:
+            lines.append(key)
+            continue
+        if len(ranks) == 1:
+            lines.append(key.replace("rank {}", f"rank {ranks[0]}", 1))
+            continue
+        who = "every rank" if len(ranks) == world else "ranks " + ", ".join(map(str, ranks))
+        lines.append(key.replace("rank {}'s", f"{who}'s" if len(ranks) < world else "every rank's")
+                     .replace("rank {}", who))
+    return lines

@@ -1,0 +1,55 @@
+"""Which exercises pass: a small JSON file, ~/.ddp_lab/grades.json (DDP_LAB_GRADES overrides)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+GRADES_ENV = "DDP_LAB_GRADES"
+
+
+def path() -> Path:
+    return Path(os.environ.get(GRADES_ENV) or Path.home() / ".ddp_lab" / "grades.json")
+
+
+def load() -> dict:
+    try:
+        return json.loads(path().read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        raise RuntimeError(f"cannot read the grades file {path()} ({err}); delete it or point "
+                           f"{GRADES_ENV} at another file") from None
+
+
+def record(exercise, passed: bool) -> None:
+    """Remember the latest verdict; a pass stays a pass when a later try fails."""
+    grades = load()
+    before = grades.get(exercise.id, {})
+    grades[exercise.id] = {"notebook": exercise.notebook, "passed": bool(passed or before.get("passed")),
+                           "last": "passed" if passed else "failed", "time": time.strftime("%Y-%m-%d %H:%M")}
+    target = path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(grades, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, target)  # atomic: two kernels saving at once leave one whole file
+
+
+def progress(show: bool = True) -> dict:
+    """{notebook: {exercise id: "passed" | "tried" | "not attempted"}}, printed by notebook."""
+    from ddp_lab.grade.core import REGISTRY
+    grades = load()
+    table: dict = {}
+    for ex in sorted(REGISTRY.values(), key=lambda e: e.id):
+        g = grades.get(ex.id)
+        state = "not attempted" if g is None else "passed" if g["passed"] else "tried"
+        table.setdefault(ex.notebook, {})[ex.id] = state
+    if show:
+        for nb, states in table.items():
+            done = sum(s == "passed" for s in states.values())
+            marks = "  ".join(f"{i} {'✓' if s == 'passed' else '✗' if s == 'tried' else '·'}"
+                              for i, s in states.items())
+            print(f"{nb:28s} {done}/{len(states)} passed   {marks}")
+        print(f"(✓ passed, ✗ tried, · not attempted; kept in {path()})")
+    return table

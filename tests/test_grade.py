@@ -1,0 +1,136 @@
+"""ddp_lab.grade: every right answer passes, every typical mistake fails with its own hint.
+
+The answers run the way a notebook's grade.check runs them: on real ranks, in one launch per
+rank count (3 ranks for the ring, 2 for the others; the ring's hanging answer costs a second
+launch, after its 10 s timeout), or in this process for the exercises graded in the kernel. The registry is checked against the notebooks and the docs.
+"""
+import json
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from grade_fixtures import (nb01_gradients, nb02_evaluation, nb03_bytes, nb03_ring, nb05_accumulation,
+                            nb06_atomic, nb06_checkpoint, nb09_zero1)
+
+from ddp_lab import grade
+from ddp_lab.grade import core
+from ddp_lab.grade import store as progress
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = {"01.4": nb01_gradients, "02.4": nb02_evaluation, "03.5": nb03_ring, "03.6": nb03_bytes, "05.4": nb05_accumulation,
+            "06.4": nb06_checkpoint, "06.5": nb06_atomic, "09.5": nb09_zero1}
+CASES = [(eid, "good", None) for eid in FIXTURES] + \
+        [(eid, name, hint) for eid, mod in FIXTURES.items() for name, (_, hint) in mod.MISTAKES.items()]
+
+
+@pytest.fixture(autouse=True)
+def grades_file(tmp_path, monkeypatch):
+    path = tmp_path / "grades.json"
+    monkeypatch.setenv(progress.GRADES_ENV, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def graded():
+    items = [(eid, f"{eid} good", mod.good) for eid, mod in FIXTURES.items()]
+    items += [(eid, f"{eid} {name}", answer) for eid, mod in FIXTURES.items()
+              for name, (answer, _) in mod.MISTAKES.items()]
+    return grade.check_all(items)
+
+
+@pytest.mark.parametrize("exercise_id, name, hint", CASES, ids=[f"{e} {n}" for e, n, _ in CASES])
+def test_answer_gets_its_verdict(graded, exercise_id, name, hint):
+    result = graded[f"{exercise_id} {name}"]
+    if hint is None:
+        assert result.passed, str(result)
+    else:
+        assert result.passed is False and hint in str(result), str(result)
+        assert len(str(result).splitlines()) <= 8  # one short block, not a traceback
+
+
+def test_every_exercise_has_fixtures():
+    assert set(FIXTURES) == set(grade.REGISTRY)
+    assert all(len(mod.MISTAKES) >= 3 for mod in FIXTURES.values())
+
+
+def _ids_in(path: Path) -> set:
+    text = "".join(c["source"] if isinstance(c["source"], str) else "".join(c["source"])
+                   for c in json.loads(path.read_text())["cells"])
+    return set(re.findall(r"grade\.check\(\s*[\"'](\d\d[b]?\.\d+)[\"']", text))
+
+
+def test_notebooks_registry_and_docs_agree():
+    docs = (ROOT / "docs" / "exercises.md").read_text()
+    used = {}
+    for nb in sorted((ROOT / "notebooks").glob("**/*.ipynb")):
+        for eid in _ids_in(nb):
+            used.setdefault(eid, []).append(nb)
+    for eid, ex in grade.REGISTRY.items():
+        names = [p.name for p in used.get(eid, [])]
+        assert f"{ex.notebook}.ipynb" in names and f"{ex.notebook}_solutions.ipynb" in names, (eid, names)
+        assert f"`{eid}`" in docs, f"{eid} is not listed in docs/exercises.md"
+    assert set(used) <= set(grade.REGISTRY), set(used) - set(grade.REGISTRY)
+
+
+def test_unfilled_stub_is_not_attempted_and_records_nothing(capsys, grades_file):
+    def ring_allreduce_mean(tensor):
+        """Your code here."""
+        ...
+
+    result = grade.check("03.5", ring_allreduce_mean)
+    assert result.passed is None and "not attempted yet" in capsys.readouterr().out
+    assert grade.check("06.4", (nb06_checkpoint.save, None)).passed is None
+    assert not grades_file.exists()
+    assert not core.is_stub(nb03_ring.good) and not core.is_stub(lambda t: t)
+
+
+def test_unknown_exercise_names_the_known_ones():
+    with pytest.raises(KeyError, match="03.5"):
+        grade.check("99.9", nb03_ring.good)
+
+
+def test_progress_keeps_a_pass_and_reads_the_file_given(grades_file, capsys):
+    ex = grade.REGISTRY["05.4"]
+    progress.record(ex, True)
+    progress.record(ex, False)  # a later failed try does not undo the pass
+    progress.record(grade.REGISTRY["02.4"], False)
+    table = grade.progress()
+    assert table["05_gradient_accumulation"]["05.4"] == "passed"
+    assert table["02_sampler_and_metrics"]["02.4"] == "tried"
+    assert table["09_beyond_ddp"]["09.5"] == "not attempted"
+    out = capsys.readouterr().out
+    assert "05_gradient_accumulation" in out and str(grades_file) in out
+    assert json.loads(grades_file.read_text())["05.4"]["last"] == "failed"
+
+
+def test_unreadable_grades_file_says_what_to_do(grades_file):
+    grades_file.write_text("{not json")
+    with pytest.raises(RuntimeError, match="delete it or point DDP_LAB_GRADES"):
+        grade.progress(show=False)
+    assert grades_file.read_text() == "{not json"  # nothing overwritten
+
+
+def scaled_sum(tensor):
+    return torch.distributed.is_available() and (tensor * 3).sum().item()
+
+
+def test_source_fallback_rebuilds_the_function():
+    """Without cloudpickle an answer travels as its source, run with torch and dist imported."""
+    blob = pickle.dumps(("source", core._sources((scaled_sum, 7))))
+    rebuilt, value = core.unpack(blob)
+    assert rebuilt is not scaled_sum and rebuilt(torch.ones(4)) == 12.0 and value == 7
+
+
+def test_one_line_per_finding_shared_by_ranks():
+    lines = core.merge_ranks(["rank 0's result is 3x", "rank 1's result is 3x", "rank 1 sent 5"], 2)
+    assert lines == ["every rank's result is 3x", "rank 1 sent 5"]
+
+
+def test_accuracy_task_tells_every_mistake_from_the_exact_value():
+    from ddp_lab.grade.exercises import nb02_evaluation as ev
+    exact = len(ev.CORRECT) / ev.N_SAMPLES
+    wrong = {name: value for name, (value, _) in ev._wrong_answers(2).items()}
+    assert all(abs(v - exact) > 1e-3 for v in wrong.values()), wrong
+    assert len({round(v, 6) for v in wrong.values()}) >= 4  # padded == mean of padded means here
