@@ -19,6 +19,9 @@ Run recipe (the same file, unchanged, in every setting):
     torchrun --standalone --nproc_per_node=2 --max-restarts=1 scripts/train_ddp.py \
         --ckpt-dir runs/ckpt --save-every 10 --crash-at-step 15
 
+    # sharded checkpoints: every rank writes its part of runs/ckpt/last.dcp/ (storage all ranks see)
+    torchrun --standalone --nproc_per_node=4 scripts/train_ddp.py --ckpt-dir runs/ckpt --ckpt-format dcp
+
 What it gets right (each one a classic DDP bug when missing):
 - backend from the device (nccl with a GPU per process, else gloo), a timeout on init and every
   collective;
@@ -29,7 +32,8 @@ What it gets right (each one a classic DDP bug when missing):
 - losses and accuracy all-reduced before printing (not rank 0's own numbers);
 - evaluation counts every validation sample exactly once (no sampler padding);
 - rank 0 saves the full training state (every rank's random state too) atomically: temp file,
-  then rename; on resume each rank reads it if all see it, else rank 0 reads and broadcasts it;
+  then rename; on resume each rank reads it if all see it, else rank 0 reads and broadcasts it
+  (--ckpt-format dcp: every rank writes its part of a folder, renamed into place when complete);
 - resume continues mid-epoch at the exact batch, so crash + restart == uninterrupted run;
 - the DDP model is released before the process group is destroyed (see main()).
 
@@ -54,6 +58,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import sys
@@ -104,7 +109,9 @@ def parse_args(argv=None):
     a("--compile", action="store_true", help="torch.compile the DDP model")
     a("--ckpt-dir", default=None)
     a("--save-every", type=int, default=100, help="steps between checkpoints")
-    a("--resume", default="auto", help="auto (D/last.pt if it exists) | PATH | none")
+    a("--resume", default="auto", help="auto (D/last.pt or D/last.dcp if it exists) | PATH | none")
+    a("--ckpt-format", default="pt", choices=["pt", "dcp"], help="pt: one file that rank 0 writes; dcp: "
+      "a folder every rank writes its part of (torch.distributed.checkpoint; shared storage)")
     a("--crash-at-step", type=int, default=None, help="teaching: die after this step, 1st attempt")
     a("--metrics-out", default=None, help="JSON lines file (appended, rank 0)")
     a("--log-every", type=int, default=50, help="steps between train records (each is a sync point)")
@@ -427,11 +434,12 @@ def run_spec(args, train_set, classes, shape) -> dict:
 
 def read_checkpoint(path: str, spec: dict):
     """(checkpoint, None) or (None, the one-line reason it cannot be resumed)."""
+    sharded = os.path.isdir(path)  # --ckpt-format dcp: the small state is in meta.pt, the tensors beside it
     try:  # weights_only: a checkpoint is data, never code to run
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(os.path.join(path, "meta.pt") if sharded else path, map_location="cpu", weights_only=True)
     except Exception as e:
         return None, f"cannot read checkpoint {path!r} ({type(e).__name__}): delete it or pass --resume none"
-    if not isinstance(ckpt, dict) or not {"model", "optimizer", "step"} <= ckpt.keys():
+    if not isinstance(ckpt, dict) or not ({"step"} if sharded else {"model", "optimizer", "step"}) <= ckpt.keys():
         return None, f"{path!r} is not a train_ddp.py checkpoint: pass another --ckpt-dir or --resume none"
     if "spec" not in ckpt or "samples_in_epoch" not in ckpt or not isinstance(ckpt.get("rng"), list):
         return None, (f"{path!r} was written by an older train_ddp.py, which did not record what the model "
@@ -448,6 +456,7 @@ def read_checkpoint(path: str, spec: dict):
 
 def file_fingerprint(path: str):
     """(size, mtime in ns) of the file at `path` as this rank sees it; None if it sees no file."""
+    path = os.path.join(path, "meta.pt") if os.path.isdir(path) else path  # a dcp folder: its meta.pt, written last
     if not os.path.isfile(path):
         return None
     st = os.stat(path)
@@ -460,21 +469,23 @@ def resume_state(args, rank: int, spec: dict, device):
     decides), each reads it itself to the CPU: nothing big crosses the network or the GPU. Else
     rank 0 reads it and broadcasts it, so nodes without a shared filesystem resume too. Either way
     every rank reaches the same verdict. The checkpoint is rank 0's save: every rank needs all of it."""
-    box = [None, None]  # path, its fingerprint on rank 0
+    box = [None, None, None]  # path, its fingerprint on rank 0, why it cannot be resumed
     if rank == 0:
         path = args.resume if args.resume not in ("auto", "none") else None
-        auto = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
-        if args.resume == "auto" and auto and os.path.isfile(auto):
-            path = auto
-        box = [path, file_fingerprint(path) if path else None]
+        if args.resume == "auto" and args.ckpt_dir:
+            path = latest_checkpoint(args.ckpt_dir, args.ckpt_format)
+        box = [path, file_fingerprint(path) if path else None, path and format_error(path, args.ckpt_format)]
     dist.broadcast_object_list(box, src=0)
-    path, mark = box
-    if path and mark is None:
-        raise UsageError(f"--resume {path!r}: no such file (use auto, none or a checkpoint path)")
+    path, mark, err = box
+    if err or (path and mark is None):
+        raise UsageError(err or f"--resume {path!r}: no such file (use auto, none or a checkpoint path)")
     if path is None:
         return None, None, None
     seen = torch.tensor([int(file_fingerprint(path) == mark)], device=device)
     dist.all_reduce(seen, op=dist.ReduceOp.MIN)  # 1: every rank sees rank 0's file
+    if not seen.item() and args.ckpt_format == "dcp":  # each rank reads its own part of the folder
+        raise UsageError(f"--ckpt-format dcp needs every rank to see {path!r} (shared storage): put "
+                         "--ckpt-dir on a filesystem every node mounts, or use --ckpt-format pt")
     if rank == 0:
         print(f"resume: every rank reads {path} itself (shared storage)" if seen.item() else
               f"resume: rank 0 reads {path} and sends it (other ranks cannot see the file)")
@@ -487,6 +498,27 @@ def resume_state(args, rank: int, spec: dict, device):
     if box[1]:
         raise UsageError(box[1])
     return box[0], path, "rank 0"
+
+
+def latest_checkpoint(folder: str, fmt: str) -> str | None:
+    """--resume auto: last.pt, or the folder last.dcp (last.dcp.old when a save died between its two
+    renames). The other format's checkpoint is returned too, so that resuming refuses it by name."""
+    names = ["last.dcp", "last.dcp.old", "last.pt"] if fmt == "dcp" else ["last.pt", "last.dcp", "last.dcp.old"]
+    found = [p for p in (os.path.join(folder, n) for n in names) if os.path.exists(p)]
+    return found[0] if found else None
+
+
+def format_error(path: str, fmt: str) -> str | None:
+    """The one-line fix when `path` holds the other --ckpt-format's checkpoint, or is a folder that
+    no complete dcp save left (no meta.pt), else None."""
+    other = "dcp" if os.path.isdir(path) else "pt"
+    if os.path.exists(path) and other != fmt:
+        return (f"{path!r} is a --ckpt-format {other} checkpoint ({'a folder' if other == 'dcp' else 'a file'}), "
+                f"this run has --ckpt-format {fmt}: add --ckpt-format {other} to resume it, or pass --resume none")
+    if other == "dcp" and not os.path.isfile(os.path.join(path, "meta.pt")):
+        return (f"{path!r} has no meta.pt, so no save completed it: pass a checkpoint folder "
+                "(DIR/last.dcp), --resume auto or --resume none")
+    return None
 
 
 def rng_state(device) -> dict:
@@ -575,9 +607,13 @@ def resume(args, rank, world_size, spec, stateful, device, steps_per_epoch):
         return (0, 0, 0), None, None
     scheduler = stateful["scheduler"]
     base_lrs = list(scheduler.base_lrs)  # this layout's, before the checkpoint's replace them
+    sharded = args.ckpt_format == "dcp"  # the model and optimizer are in the folder's parts, not in ckpt
     for name, obj in stateful.items():
         try:
-            obj.load_state_dict(ckpt[name])
+            if sharded and name == "model":
+                load_sharded(path, obj, stateful["optimizer"])
+            elif not (sharded and name == "optimizer"):
+                obj.load_state_dict(ckpt[name])
         except (RuntimeError, ValueError, KeyError):  # same settings, other tensors: edited, or another version
             raise UsageError(f"checkpoint {path!r} does not fit this run's {name}: use another --ckpt-dir "
                              "or --resume none") from None
@@ -607,20 +643,71 @@ def save_checkpoint(path, stateful, position, spec, config, device, saved_step):
     epoch, samples_in_epoch, step = position
     rngs = [None] * dist.get_world_size()
     dist.all_gather_object(rngs, rng_state(device))  # every rank's random stream, for an exact resume
-    err = None
-    if dist.get_rank() == 0:
+    err, sharded = None, config["ckpt_format"] == "dcp"  # dcp: every rank writes its part of the folder `path`
+    if dist.get_rank() == 0 or sharded:
         try:
-            atomic_save(path, {**{name: obj.state_dict() for name, obj in stateful.items()},
-                               "epoch": epoch, "samples_in_epoch": samples_in_epoch, "step": step,
-                               "rng": rngs, "spec": spec, "config": config})
+            state = {**{name: obj.state_dict() for name, obj in stateful.items()},
+                     "epoch": epoch, "samples_in_epoch": samples_in_epoch, "step": step,
+                     "rng": rngs, "spec": spec, "config": config}
+            save_sharded(path, stateful, state) if sharded else atomic_save(path, state)
         except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
             if os_error_in(e) is None:
                 raise
-            kept = (f"last.pt is still the step-{saved_step} checkpoint" if saved_step is not None
-                    else "last.pt was left as it was" if os.path.exists(path) else "nothing was written")
-            err = (f"{describe_write_error(e)} while saving {path} at step {step}; the temporary file "
-                   f"was removed and {kept}: free space or choose another --ckpt-dir, then run again")
+            name = os.path.basename(path)  # last.pt, or the folder last.dcp
+            kept = (f"{name} is still the step-{saved_step} checkpoint" if saved_step is not None
+                    else f"{name} was left as it was" if os.path.exists(path) else "nothing was written")
+            err = (f"{describe_write_error(e)} while saving {path} at step {step}; the temporary "
+                   f"{'folder' if sharded else 'file'} was removed and {kept}: free space or choose "
+                   "another --ckpt-dir, then run again")
     agree(err)  # nobody runs ahead (or exits) before the checkpoint is complete, or all stop
+
+
+def save_sharded(path, stateful, state):
+    """--ckpt-format dcp: every rank writes its part of the model and optimizer into PATH.tmp/
+    (torch.distributed.checkpoint: no rank gathers them whole), rank 0 adds meta.pt (the rest of
+    `state`) and renames the complete folder to PATH. A crash between its two renames leaves the
+    previous checkpoint as PATH.old, which --resume auto takes."""
+    import torch.distributed.checkpoint as dcp  # lazy: importing it costs about 2 s
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    tmp, old, rank = path + ".tmp", path + ".old", dist.get_rank()
+    try:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # what a save killed midway left
+        dist.barrier()
+        parts = dict(zip(("model", "optimizer"), get_state_dict(stateful["model"], stateful["optimizer"])))
+        try:  # returns on every rank once every rank's part is written
+            dcp.save(parts, checkpoint_id=tmp)
+        except dcp.CheckpointException as e:  # a BaseException, raised on every rank: the first failure
+            raise RuntimeError("dcp.save failed") from next(iter(e.failures.values()))[0]
+        if rank == 0:  # meta.pt is written last: a folder without it is incomplete
+            atomic_save(os.path.join(tmp, "meta.pt"), {k: v for k, v in state.items() if k not in parts})
+            if os.path.isdir(path):
+                shutil.rmtree(old, ignore_errors=True)  # PATH is complete, so an older PATH.old is stale
+                os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+            if hasattr(os, "O_DIRECTORY"):  # and the renames survive a power cut (POSIX)
+                fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_DIRECTORY)
+                os.fsync(fd)
+                os.close(fd)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-written folder behind
+        raise
+
+
+def load_sharded(path, model, optimizer):
+    """--ckpt-format dcp: each rank fills its own model and optimizer state from the folder's parts."""
+    import torch.distributed.checkpoint as dcp  # lazy: importing it costs about 2 s
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    state = dict(zip(("model", "optimizer"), get_state_dict(model, optimizer)))  # dcp.load fills these in place
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except dcp.CheckpointException as e:  # a BaseException, raised on every rank
+        raise RuntimeError(str(e)) from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 def evaluation_loader(val_set, rank, world_size, num_workers):
@@ -842,7 +929,7 @@ def train(args, rank, world_size, device, backend):
         metrics.write("resume", step=step, epoch=epoch, path=resumed, read_by=reader)
         say(None, is_main, f"resumed from {resumed} at step {step} (epoch {epoch}, sample {position})")
 
-    last_pt = os.path.join(args.ckpt_dir, "last.pt") if args.ckpt_dir else None
+    last_pt = os.path.join(args.ckpt_dir, f"last.{args.ckpt_format}") if args.ckpt_dir else None  # or last.dcp/
     saved_step = step if resumed and resumed == last_pt else None  # the step last.pt holds
     end = step + steps_left(len(train_set), epoch, position, args, world_size)  # where the data ends
     max_steps = args.max_steps or end
