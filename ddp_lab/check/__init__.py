@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import json
 
-from . import rules_amp, rules_ckpt, rules_more, rules_setup, rules_train, shell  # noqa: F401  (they register the rules)
+# importing the rule modules registers their rules
+from . import rules_accum, rules_amp, rules_ckpt, rules_more, rules_setup, rules_train, shell  # noqa: F401
 from .core import RULES, SECTIONS, Finding, Rule
-from .files import Unreadable, check_file, ipynb, iter_files, python, shell_script
+from .files import PYTHON_SUFFIXES, Unreadable, check_file, ipynb, iter_files, python, read_python, shell_script
+from .imports import Project
 
 __all__ = ["RULES", "SECTIONS", "Finding", "Rule", "Unreadable", "source", "check_file", "check_paths"]
 
@@ -45,13 +47,17 @@ def source(code: str, kind: str = "python", select=None, ignore=()) -> list[Find
 
 
 def check_paths(paths, select=None, ignore=()) -> tuple[list[Finding], list[tuple[str, str]], int]:
-    """(findings, [(path, why it could not be checked)], number of files checked)."""
+    """(findings, [(path, why it could not be checked)], number of files checked). Several Python
+    files checked together are one project: calls into each other's functions are followed."""
     findings, errors, checked = [], [], 0
-    for path in iter_files(paths):
+    files = list(iter_files(paths))
+    py = [p for p in files if p.suffix.lower() in PYTHON_SUFFIXES and p.is_file()]
+    project = Project(py, paths, read_python) if len(py) > 1 else None
+    for path in files:
         try:
             if not path.exists():
                 raise Unreadable("no such file or folder")
-            findings += check_file(path, select, ignore)
+            findings += check_file(path, select, ignore, project)
             checked += 1
         except Unreadable as e:
             errors.append((str(path), str(e)))

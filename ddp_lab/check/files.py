@@ -35,14 +35,20 @@ def _finding(rule: Rule, hit: Hit, path: str, module: Module | None = None) -> F
                    section=SECTIONS.get(rule.section))
 
 
-def python(text: str, path: str = "<source>", select=None, ignore=(), multiprocess: bool = True) -> list[Finding]:
-    """Findings in Python source; raises Unreadable when it does not parse. multiprocess=False:
-    the code runs in one process (a notebook's kernel), so "on every rank" rules stay quiet."""
+def parse(text: str) -> ast.Module:
     try:
-        tree = ast.parse(text)
+        return ast.parse(text)
     except (SyntaxError, ValueError) as e:
         raise Unreadable(f"cannot parse as Python: {getattr(e, 'msg', e)} (line {getattr(e, 'lineno', '?')})") from None
-    module = Module(tree, text)
+
+
+def python(text: str, path: str = "<source>", select=None, ignore=(), multiprocess: bool = True,
+           module: Module | None = None) -> list[Finding]:
+    """Findings in Python source; raises Unreadable when it does not parse. multiprocess=False:
+    the code runs in one process (a notebook's kernel), so "on every rank" rules stay quiet.
+    module: the text already parsed (a file checked with others, imports.Project)."""
+    if module is None:
+        module = Module(parse(text), text)
     module.multiprocess = multiprocess
     found = [_finding(r, hit, path, module) for r in rules_of("python", select, ignore) for hit in _hits(r, module)]
     return _finish(found, ignore_comments(text, python=True))
@@ -110,19 +116,32 @@ def kind_of(path: Path) -> str | None:
     return None
 
 
-def check_file(path, select=None, ignore=()) -> list[Finding]:
-    """Findings in one file; raises Unreadable when it cannot be read, parsed or classified."""
+def read(path, kind: str) -> str:
+    try:
+        data = Path(path).read_bytes()
+        # Python files may declare their encoding (PEP 263); everything else is UTF-8
+        encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0] if kind == "python" else "utf-8"
+        return data.decode(encoding)
+    except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as e:
+        raise Unreadable(f"cannot read: {e}") from None
+
+
+def read_python(path) -> tuple[str, ast.Module]:
+    text = read(path, "python")
+    return text, parse(text)
+
+
+def check_file(path, select=None, ignore=(), project=None) -> list[Finding]:
+    """Findings in one file; raises Unreadable when it cannot be read, parsed or classified.
+    project: the files checked together (imports.Project), whose imports are followed."""
     path = Path(path)
     kind = kind_of(path)
     if kind is None:
         raise Unreadable("not a Python file, shell script or notebook (.py, .sh, .sbatch, .ipynb, or a #! line)")
-    try:
-        data = path.read_bytes()
-        # Python files may declare their encoding (PEP 263); everything else is UTF-8
-        encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0] if kind == "python" else "utf-8"
-        text = data.decode(encoding)
-    except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as e:
-        raise Unreadable(f"cannot read: {e}") from None
+    if kind == "python" and project is not None and path.suffix.lower() in PYTHON_SUFFIXES:
+        module = project.module(path)
+        return python(module.text, str(path), select, ignore, module=module)
+    text = read(path, kind)
     run = {"python": python, "shell": shell_script, "notebook": ipynb}[kind]
     return run(text, str(path), select, ignore)
 

@@ -4,7 +4,8 @@ Real training code spreads one idea over several places: the epoch loop in `trai
 loop in `self._run_epoch()`; a `torch.save` in a helper; `if not torch.cuda.is_available():
 sys.exit(...)` three lines above the line that needs a GPU. This module answers, for the rules:
 - which function of this file a call runs (`f(...)`, `self.f(...)`, `obj.f(...)` with
-  `obj = ThisClass(...)`), and what a node reaches through such calls, a few calls deep;
+  `obj = ThisClass(...)`), and what a node reaches through such calls, a few calls deep; when
+  several files are checked together, also calls into the others (imports.py);
 - whether two nodes sit in exclusive branches of one `if`/`elif`/`else`;
 - which statements run before a node, and whether one of them makes sure of something (an
   `assert`, or an `if` that leaves the function or the program).
@@ -67,12 +68,19 @@ class Flow:
         return next((a for a in self.m.ancestors(node) if isinstance(a, ast.ClassDef)), None)
 
     def target(self, call):
-        """The function or method of this file that a call runs, or None."""
+        """The function or method of this file (or of a file checked with it) that a call runs, or None."""
         if not isinstance(call, ast.Call):
             return None
         if id(call) not in self._target:
-            self._target[id(call)] = self._resolve(call)
+            found = self._resolve(call)
+            if found is None and self.m.project is not None:
+                found = self.m.project.callee(self.m, call)
+            self._target[id(call)] = found
         return self._target[id(call)]
+
+    def flow_of(self, node) -> "Flow":
+        """The Flow of the file that holds node (this one, unless files are checked together)."""
+        return self if self.m.project is None else self.m.owner(node).flow
 
     def _resolve(self, call):
         f = call.func
@@ -94,20 +102,24 @@ class Flow:
 
     def reach(self, root, depth: int = DEPTH) -> list:
         """[(node, via)] for the nodes root runs: its own (via None) and, through calls of this
-        file's functions up to `depth` calls deep, theirs (via: the call in root that leads there)."""
+        file's functions (and those of files checked with it) up to `depth` calls deep, theirs
+        (via: the call in root that leads there)."""
+        owner = self.flow_of(root)
+        if owner is not self:   # another file's function: its own Flow keeps the answer for every caller
+            return owner.reach(root, depth)
         k = (id(root), depth)
         if k not in self._reach:
             out, seen = [], {id(root), *(id(a) for a in self.m.ancestors(root))}   # no recursion
 
-            def walk(node, via, d):
-                for n in self._below(node):
+            def walk(flow, node, via, d):
+                for n in flow._below(node):
                     out.append((n, via))
                     if d < depth and isinstance(n, ast.Call):
-                        func = self.target(n)
+                        func = flow.target(n)
                         if func is not None and id(func) not in seen:
                             seen.add(id(func))
-                            walk(func, via or n, d + 1)
-            walk(root, None, 0)
+                            walk(flow.flow_of(func), func, via or n, d + 1)
+            walk(self, root, None, 0)
             self._reach[k] = out
         return self._reach[k]
 
@@ -119,6 +131,9 @@ class Flow:
     def reaches(self, root, test, depth: int = DEPTH):
         """The first (node, via) reached from root for which test(node) holds, or None (answers for
         a named test function are kept: rules ask the same question of one function many times)."""
+        owner = self.flow_of(root)
+        if owner is not self:
+            return owner.reaches(root, test, depth)
         k = (id(root), test, depth)
         if k not in self._reaches:
             self._reaches[k] = next(((n, via) for n, via in self.reach(root, depth) if n is not root and test(n)), None)

@@ -7,6 +7,7 @@ Everything here reads the AST; nothing imports or runs the user's code. Answers 
 from __future__ import annotations
 
 import ast
+import os
 import re
 
 from .astutil import dotted, is_ddp_call, key, last, pairs
@@ -27,9 +28,13 @@ DISTRIBUTED_CALLS = {"init_process_group", "DDP", "DistributedDataParallel", "Fu
 
 
 class Module(RankFacts):
-    def __init__(self, tree: ast.Module, text: str):
+    def __init__(self, tree: ast.Module, text: str, parent: dict | None = None, project=None, path: str | None = None):
+        """parent, project, path: given when several files are checked together (imports.Project),
+        whose modules share one parent table so that a node of any of them has its ancestors."""
         self.tree, self.text = tree, text
-        self.parent: dict = {}
+        self.parent: dict = {} if parent is None else parent
+        self.project, self.path = project, path
+        self._imports = self._toplevel = None   # imports.Project's tables for this file
         for node in ast.walk(tree):
             for child in ast.iter_child_nodes(node):
                 self.parent[child] = node
@@ -52,6 +57,17 @@ class Module(RankFacts):
         if self._flow is None:
             self._flow = Flow(self)
         return self._flow
+
+    def owner(self, node) -> "Module":
+        """The module (this one, or another file checked with it) that holds node."""
+        return self if self.project is None else self.project.module_of(node) or self
+
+    def where(self, node) -> str:
+        """`line 12`, or `utils.py line 12` for a node of another file."""
+        owner = self.owner(node)
+        if owner is self:
+            return f"line {node.lineno}"
+        return f"{os.path.relpath(owner.path, os.path.dirname(self.path))} line {node.lineno}"
 
     # ------------------------------------------------------------ structure
     def ancestors(self, node):

@@ -56,6 +56,47 @@ def save_on_every_rank(m: Module):
             else:                # a saving helper: the rank-0 check goes around its call
                 yield Hit(where, f"torch.save runs on every rank: {func.name}() saves (torch.save, line "
                                  f"{call.lineno}) and is called here on every rank, outside any rank-0 check.")
+    if m.project is not None:
+        yield from _saves_in_other_file(m)
+
+
+def _saves_in_other_file(m: Module):
+    """A saving helper of another file checked with this one (`utils.save_checkpoint(...)`) that
+    calls torch.save outside any rank check, called here on every rank: reported at the call."""
+    for call in m.calls:
+        func = m.flow.target(call)
+        if func is None or m.owner(func) is m:
+            continue
+        save = _unguarded_save(m.owner(func), func, 2)
+        where = m.every_rank_path(call) if save is not None else None
+        if where is None:
+            continue
+        holder = m.function(call)
+        at = call if where is call or _program(holder) else where
+        yield Hit(at, f"torch.save runs on every rank: {ast.unparse(call.func)}() saves (torch.save, "
+                      f"{m.where(save)}) and is called here on every rank, outside any rank-0 check.")
+
+
+def _unguarded_save(owner: Module, func, depth: int):
+    """A torch.save to a shared file that func runs with no rank check on the way, or None."""
+    k = ("DDP013", id(func), depth)
+    if k not in owner.project.memo:
+        owner.project.memo[k] = None
+        for n in owner.flow._below(func):
+            if not isinstance(n, ast.Call):
+                continue
+            if dotted(n.func) == "torch.save":
+                dest = _arg(n, 1, "f")
+                if dest is not None and not _in_memory(owner, dest, n) and not owner.guarded(n) and \
+                        not any(owner.mentions_rank(v) for v in _values(owner, dest, n)):
+                    owner.project.memo[k] = n
+                    break
+            elif depth > 0 and (inner := owner.flow.target(n)) is not None and not owner.guarded(n):
+                found = _unguarded_save(owner.owner(inner), inner, depth - 1)
+                if found is not None:
+                    owner.project.memo[k] = found
+                    break
+    return owner.project.memo[k]
 
 
 def _program(func) -> bool:

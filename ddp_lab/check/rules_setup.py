@@ -236,7 +236,7 @@ def _builds_model(node) -> bool:
       section="seeds")
 def per_rank_seed_first(m: Module):
     for call in m.calls:
-        if not ((_seeds(call) or m.flow.target(call)) and _seed_call(m, call) and _per_rank(m, call)):
+        if not ((_seeds(call) or m.flow.target(call)) and _per_rank(m, call) and _seed_call(m, call)):
             continue
         scope = m.scope(call)
         later = sorted((n for n in m.walk_scope(scope) if getattr(n, "lineno", 0) > call.end_lineno
@@ -245,6 +245,21 @@ def per_rank_seed_first(m: Module):
             if isinstance(n, ast.Call) and (_seeds(n) or m.flow.target(n)) and _seed_call(m, n) \
                     and not _per_rank(m, n):
                 break   # reseeded the same on every rank first
-            if _builds_model(n):
+            built = _builds_model(n) or (isinstance(scope, ast.Module) and _call_builds_model(m, n))
+            if built:   # here, or (a seed at module level) inside main() called after it
                 yield Hit(call)
                 break
+            if built is None:
+                break
+
+
+def _call_builds_model(m: Module, call) -> bool | None:
+    """The function call runs builds a model (True), reseeds the same on every rank first (None),
+    or neither (False)."""
+    func = m.flow.target(call) if isinstance(call, ast.Call) else None
+    for n, _ in m.flow.reach(func) if func is not None else []:
+        if _seeds(n) and not _per_rank(m.owner(n), n):
+            return None
+        if _builds_model(n):
+            return True
+    return False

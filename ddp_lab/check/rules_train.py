@@ -1,11 +1,12 @@
-"""Rules about the training loop: sampler epochs, metrics, collectives, accumulation (AMP: rules_amp.py)."""
+"""Rules about the training loop: sampler epochs, metrics, collectives (accumulation: rules_accum.py,
+AMP: rules_amp.py)."""
 from __future__ import annotations
 
 import ast
 import re
 
 from . import rules_amp  # noqa: F401  (registers DDP012)
-from .astutil import dotted, key, last
+from .astutil import dotted, last
 from .core import Hit, rule
 from .pyfacts import COLLECTIVES, Module
 
@@ -28,16 +29,6 @@ def _shuffles(call: ast.Call) -> bool:
     return arg is None or (isinstance(arg, ast.Constant) and arg.value is True)
 
 
-def _inner(node):
-    """Nodes under node (a loop, a function), not under functions defined inside it."""
-    todo = list(ast.iter_child_nodes(node))
-    while todo:
-        n = todo.pop()
-        yield n
-        if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            todo.extend(ast.iter_child_nodes(n))
-
-
 @rule("DDP007", "DistributedSampler shuffles, but set_epoch is never called: every epoch repeats the "
       "order (and each rank the subset) of epoch 0.",
       fix="call sampler.set_epoch(epoch) at the start of every epoch, with the same epoch on every rank",
@@ -50,7 +41,7 @@ def no_set_epoch(m: Module):
     for loop in m.nodes:
         head = ast.unparse(loop.target) + " " + ast.unparse(loop.iter) if isinstance(loop, ast.For) else \
             ast.unparse(loop.test) if isinstance(loop, ast.While) else None
-        if head and EPOCHISH.search(head) and m.flow.reaches(loop, _is_for):
+        if head and EPOCHISH.search(head) and m.flow.reaches(loop, _is_for) and not m.flow.reaches(loop, _is_set_epoch):
             yield Hit(loop, "This epoch loop never calls sampler.set_epoch(epoch): DistributedSampler "
                             "shuffles with seed + epoch, so every epoch repeats the order of epoch 0.")
 
@@ -104,6 +95,10 @@ def _reduces(m: Module, call: ast.Call) -> bool:
 
 def _is_for(node) -> bool:
     return isinstance(node, ast.For)
+
+
+def _is_set_epoch(node) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "set_epoch"
 
 
 def _is_collective_call(node) -> bool:
@@ -171,13 +166,20 @@ def _over_whole_set(m: Module, scope, node) -> bool:
           "inside it",
       section="skipped")
 def collective_on_rank0(m: Module):
-    imported = _from_torch_distributed(m)
-    is_collective = lambda c: _is_world_collective(c, imported)  # noqa: E731
+    imported: dict = {}
+
+    def is_collective(c) -> bool:   # by the imports of the file that holds c (a helper's own file)
+        if not (isinstance(c, ast.Call) and last(c) in COLLECTIVES):
+            return False
+        owner = m.owner(c)
+        if owner not in imported:
+            imported[owner] = _from_torch_distributed(owner)
+        return _is_world_collective(c, imported[owner])
     unconditional = lambda c: is_collective(c) and not _up_to_caller(m, c)  # noqa: E731  (one object: cached)
     for call in m.calls:
         if is_collective(call):
             inner = None
-        elif m.flow.target(call) is not None:   # evaluate(), which all-reduces inside
+        elif m.flow.target(call) is not None and m.rank0_only(call):   # evaluate(), which all-reduces inside
             inner = m.flow.reaches(m.flow.target(call), unconditional)
             if inner is None:
                 continue
@@ -192,7 +194,7 @@ def collective_on_rank0(m: Module):
                for c in m.walk_scope(scope)):
             continue  # the others call it elsewhere (`if rank != 0: barrier()` ... `if rank == 0: barrier()`)
         yield Hit(call) if inner is None else Hit(call, (
-            f"{ast.unparse(call.func)}() calls {ast.unparse(inner.func)} (line {inner.lineno}), a collective, but only "
+            f"{ast.unparse(call.func)}() calls {ast.unparse(inner.func)} ({m.where(inner)}), a collective, but only "
             "rank 0 calls it here: the other ranks never join, so the job hangs until the timeout."))
 
 
@@ -223,99 +225,3 @@ def _is_world_collective(call, imported) -> bool:
 def _from_torch_distributed(m: Module) -> set:
     return {a.asname or a.name for n in m.nodes if isinstance(n, ast.ImportFrom)
             and (n.module or "").startswith("torch.distributed") for a in n.names}
-
-
-def _is_backward(call) -> bool:
-    # loss.backward(), scaler.scale(loss).backward(); not accelerator.backward(loss) (it handles sync)
-    return isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "backward" \
-        and not call.args
-
-
-def _is_optimizer_step(call) -> bool:
-    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "step"):
-        return False
-    owner = (dotted(call.func.value) or "").lower().rsplit(".", 1)[-1]
-    return "sched" not in owner and ("optim" in owner or owner == "opt" or ("scaler" in owner and bool(call.args)))
-
-
-def _syncs_itself(m: Module) -> bool:
-    names = {n.id if isinstance(n, ast.Name) else n.attr for n in m.nodes if isinstance(n, (ast.Name, ast.Attribute))}
-    return bool(names & {"no_sync", "require_backward_grad_sync", "accumulate", "Accelerator", "accelerator",
-                         "Fabric", "fabric", "deepspeed", "model_engine"})
-
-
-@rule("DDP010", "Gradient accumulation without no_sync: backward() runs on every micro-step but the "
-      "optimizer steps every k, and DDP all-reduces after each backward, so k-1 of every k all-reduces "
-      "are wasted.",
-      fix="run forward and backward inside `with model.no_sync():` on every micro-step but the last of "
-          "each window",
-      section="accumulation")
-def accumulation_without_no_sync(m: Module):
-    if not m.is_ddp or _syncs_itself(m):
-        return
-    seen = set()
-    for node in m.nodes:
-        backwards = _steps_every_k(m, node) if isinstance(node, ast.If) else \
-            _micro_step_loop(m, node) if isinstance(node, (ast.For, ast.AsyncFor)) else []
-        if backwards:
-            first, via = min(backwards, key=lambda p: (p[1] or p[0]).lineno * 10000 + (p[1] or p[0]).col_offset)
-            if id(via or first) not in seen:
-                seen.add(id(via or first))
-                yield Hit(first) if via is None else Hit(via, (
-                    f"Gradient accumulation without no_sync: {ast.unparse(via.func)}() runs backward() (line "
-                    f"{first.lineno}) on every micro-step but the optimizer steps every k, and DDP all-reduces after "
-                    "each backward, so k-1 of every k all-reduces are wasted."))
-
-
-def _steps_every_k(m: Module, branch: ast.If) -> list:
-    """(backward call, call in the loop that reaches it or None) of a loop or function whose optimizer
-    steps only under `if i % k == 0:` (or after `if i % k: continue`), following this file's calls."""
-    if not any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(branch.test)):
-        return []
-    owner = next(a for a in m.ancestors(branch) if isinstance(a, (ast.For, ast.While, ast.FunctionDef,
-                                                                   ast.AsyncFunctionDef, ast.Module)))
-    inside = {id(n) for n, _ in m.flow.reach(branch)}
-    skips = len(branch.body) == 1 and isinstance(branch.body[0], ast.Continue)
-    reached = m.flow.reach(owner)
-    steps = [c for c, _ in reached if _is_optimizer_step(c)]
-    if not steps or not all((id(c) in inside) != skips for c in steps):
-        return []  # no step here, or an optimizer also steps outside the window (two optimizers, a GAN)
-    return [(c, via) for c, via in reached if _is_backward(c) and id(c) not in inside]
-
-
-def _micro_step_loop(m: Module, loop) -> list:
-    """The backward calls of `for micro_step in range(k): ...backward()` with the optimizer step after it."""
-    if not re.search(r"accum|micro", ast.unparse(loop.target) + ast.unparse(loop.iter), re.I):
-        return []
-    parent = m.parent[loop]
-    block = next((getattr(parent, f) for f in ("body", "orelse", "finalbody") if loop in getattr(parent, f, [])), [])
-    after = block[block.index(loop) + 1:] if loop in block else []
-    if any(_is_optimizer_step(c) for c in _inner(loop)) or \
-            not any(_is_optimizer_step(c) for s in after for c in ast.walk(s)):
-        return []
-    return [(c, None) for c in _inner(loop) if _is_backward(c)]
-
-
-@rule("DDP011", "no_sync() wraps only backward: DDP decides in forward whether the coming backward "
-      "all-reduces, so this saves nothing.",
-      fix="put the forward pass inside the same `with model.no_sync():` block as backward",
-      section="no_sync")
-def no_sync_backward_only(m: Module):
-    for node in m.nodes:
-        if not isinstance(node, (ast.With, ast.AsyncWith)):
-            continue
-        models = {ast.unparse(c.func.value) for i in node.items for c in ast.walk(i.context_expr)
-                  if isinstance(c, ast.Call) and last(c) == "no_sync" and isinstance(c.func, ast.Attribute)}
-        inside = [n for s in node.body for n in ast.walk(s)]
-        if models and any(_is_backward(c) for c in inside) and not any(_may_forward(n, models) for n in inside):
-            yield Hit(node)  # nothing inside can be the model's forward: it ran before
-
-
-def _may_forward(node, models) -> bool:
-    """The model itself, or a call of something that may be a model (`net(x)`, `self.model(x)`,
-    `criterion(...)`), as opposed to method calls on tensors (`loss.backward()`, `out.sum()`)."""
-    if isinstance(node, (ast.Name, ast.Attribute)) and ast.unparse(node) in models:
-        return True
-    return isinstance(node, ast.Call) and (
-        (isinstance(node.func, ast.Name) and node.func.id not in ("len", "float", "int", "sum", "min", "max", "print"))
-        or (key(node.func) or "").startswith("self."))
