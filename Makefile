@@ -18,11 +18,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e ".[dev]"
 	@touch $(STAMP)
 
-# Rooted at the repository (scripts/ and ddp_lab/ open from the file browser), landing on notebook 00.
+# Rooted at the repository (scripts/ and ddp_lab/ open from the file browser), landing on notebook 00:
+# the URL Jupyter prints opens it, and so does plain /lab, through the lab's own default workspace
+# (a copy of .jupyter-lab/'s, under the name JupyterLab gives "default", made once: it then keeps
+# your layout; `make clean` resets it). Your own Jupyter settings and workspaces are left as they are.
 # The workbook's own notebooks open trusted (their stored outputs and widgets render); yours stay as they are.
+LAB_WORKSPACES ?= build/lab-workspaces
 lab: $(STAMP)
 	@$(VENV)/bin/jupyter trust notebooks/*.ipynb notebooks/solutions/*.ipynb >/dev/null
+	@mkdir -p $(LAB_WORKSPACES)
+	@test -e $(LAB_WORKSPACES)/default-37a8.jupyterlab-workspace || \
+		cp .jupyter-lab/default-37a8.jupyterlab-workspace $(LAB_WORKSPACES)/
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. $(ROOT_ARG) $(LAB_ARGS) \
+		--LabApp.workspaces_dir=$(LAB_WORKSPACES) \
 		--LabApp.default_url=/lab/tree/notebooks/00_first_launch.ipynb
 
 test: $(STAMP)

@@ -18,6 +18,8 @@ Process hygiene is the launcher's: `ipcluster` runs under the same guardian
 (ddp_lab._reaper), which kills the whole tree on stop(), when the kernel is restarted
 or killed, and when the cluster fails. The stop button interrupts what the ranks are
 running (they stay up, idle); an interrupt while they start stops them all.
+A %%px cell (ddp_lab._pxmagic) streams what each rank prints, shows a rank's error once, short,
+and keeps the lines a rank printed just before the cell ended or was stopped.
 """
 from __future__ import annotations
 
@@ -35,10 +37,16 @@ from ddp_lab.launch import ROOT, _kill_all, free_port
 START_TIMEOUT_S = 180   # a loaded 2-core machine took 20 s for two ranks; a dead one never ends
 RANKS_ENV = "DDP_LAB_RANKS"  # environment variable: the cluster id, in every engine's environment
 GROUP_TIMEOUT_S = 60    # a collective some ranks never join fails after this long
+OUTPUT_WAIT_S = 30      # printed lines travel apart from the reply; a loaded machine needs < 1 s
 
 
 class RanksError(RuntimeError):
-    """The ranks could not start, or code failed on a rank; the message says which and why."""
+    """The ranks could not start, or code failed on a rank; the message says which and why.
+    errors: (rank, "ValueError: ...") for each rank whose code raised."""
+
+    def __init__(self, message: str, errors=()):
+        super().__init__(message)
+        self.errors = list(errors)
 
 
 class RanksInterrupted(KeyboardInterrupt):
@@ -91,6 +99,7 @@ else:
     device = torch.device("cpu")
 dist.init_process_group("{backend}", rank=rank, world_size=world_size,
                         timeout=datetime.timedelta(seconds={timeout}))
+get_ipython().InteractiveTB.set_mode("Plain")  # a rank's error: each frame in two lines
 """
 
 
@@ -119,16 +128,18 @@ class Ranks:
         except KeyboardInterrupt:
             if not interrupt_ranks:
                 raise
-            self.client.send_signal("SIGINT", block=True)
+            self.client.send_signal("SIGINT", targets=self.view.targets, block=True)
             try:
                 result.get(timeout=10)
             except Exception:  # the interrupted code raised KeyboardInterrupt, as it should
                 pass
+            if result.ready():  # what a rank printed just before the stop is still on its way
+                result.wait_for_output(OUTPUT_WAIT_S)
             message = "the ranks stopped what they were running and wait for the next cell"
-            print(f"[ranks] interrupted: {message}", flush=True)
-            raise RanksInterrupted(message) from None
+            raise RanksInterrupted(message) from None  # its one line says it; no print beside it
         except ipp.error.CompositeError as e:
-            raise RanksError(_explain(e)) from None
+            errors = _rank_errors(e)
+            raise RanksError("\n".join(f"rank {r}: {line}" for r, line in errors), errors) from None
 
     def run(self, code: str) -> Table:
         """Run `code` on every rank; returns what each rank printed, side by side."""
@@ -137,7 +148,7 @@ class Ranks:
         self._wait(result)
         # The result can arrive before the ranks' printed output, which travels on another
         # channel (IOPub): without this wait a rank's lines are sometimes still missing.
-        result.wait_for_output(timeout=30)
+        result.wait_for_output(timeout=OUTPUT_WAIT_S)
         return Table({"printed": [s.rstrip("\n") for s in result.stdout]})
 
     def gather(self, expr: str) -> list:
@@ -200,13 +211,10 @@ class Ranks:
         return f"Ranks(nproc={self.nproc}, backend={self.backend!r}, {state})"
 
 
-def _explain(error) -> str:
-    """CompositeError -> 'rank 1: ValueError: ...' lines (the first line of each remote error)."""
-    lines = []
-    for ename, evalue, _tb, info in error.elist:
-        rank = (info or {}).get("engine_id", "?")
-        lines.append(f"rank {rank}: {ename}: {evalue}")
-    return "\n".join(lines)
+def _rank_errors(error) -> list:
+    """CompositeError -> [(rank, 'ValueError: ...')], the last line of each rank's error."""
+    return [((info or {}).get("engine_id", "?"), f"{ename}: {evalue}")
+            for ename, evalue, _tb, info in error.elist]
 
 
 def start(nproc: int = 2, backend: str | None = None, timeout: float = START_TIMEOUT_S,
@@ -263,7 +271,7 @@ def start(nproc: int = 2, backend: str | None = None, timeout: float = START_TIM
     ranks.view = ranks.client[ids]
     ranks.view.block = True
     if magics:
-        _enable_magics(ranks.view)
+        _enable_magics(ranks)
     ranks.startup_s = time.time() - t0
     print(f"[ranks] {nproc} ranks up in {ranks.startup_s:.1f} s ({backend} process group); "
           f"%%px runs a cell on all of them", flush=True)
@@ -322,14 +330,15 @@ def _tail(path: Path, n: int = 12) -> str:
     return "\n".join(lines[-n:])
 
 
-def _enable_magics(view) -> None:
+def _enable_magics(ranks: Ranks) -> None:
     try:
         from IPython import get_ipython
     except ImportError:
         return
     shell = get_ipython()
     if shell is not None:
-        view.activate()  # %px, %%px, %autopx on these ranks
+        from ddp_lab._pxmagic import RankMagics
+        shell.magics_manager.register(RankMagics(shell, ranks))  # %px, %%px, %autopx on these ranks
         shell.run_line_magic("pxconfig", "--progress-after -1")  # plain output, no progress widget
 
 

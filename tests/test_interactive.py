@@ -1,5 +1,6 @@
 """Interactive ranks: one live process group, and nothing left running however they end."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -175,7 +176,7 @@ def test_interrupt_stops_the_ranks_work_and_keeps_the_ranks(tmp_path, marker):
         (shown,) = _read(tmp_path, "shown")                      # one line, not ~40 of ipyparallel
         assert shown.startswith("RanksInterrupted: the ranks stopped"), shown
         assert kernel.wait(timeout=60) == 0, kernel.stdout.read()
-        assert "[ranks] interrupted" in kernel.stdout.read()
+        assert "the ranks stopped" not in kernel.stdout.read()  # said once: by the exception
         assert wait_until(lambda: _gone(pids), timeout=30), pids
         assert not with_env(marker, skip={kernel.pid})
     finally:
@@ -192,3 +193,123 @@ def test_ranks_pick_the_backend_by_the_launchers_rule(monkeypatch, nproc, gpus, 
     assert interactive._pick_backend(nproc, None) == expected
     monkeypatch.setenv("DDP_LAB_BACKEND", "gloo")  # the launcher's override holds for the ranks too
     assert interactive._pick_backend(nproc, None) == "gloo"
+
+
+# --- %%px in a real kernel: each rank's error once, every line a rank printed ------------------
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class Kernel:
+    """A real IPython kernel driven as JupyterLab drives it: run a cell, read what it shows."""
+
+    def __init__(self):
+        from jupyter_client.manager import start_new_kernel
+        self.manager, self.client = start_new_kernel(kernel_name="python3", cwd=str(interactive.ROOT))
+
+    def submit(self, code: str) -> str:
+        return self.client.execute(code)
+
+    def shown(self, msg_id: str, timeout: float = 240) -> tuple:
+        """(texts shown, error tracebacks) of the cell `msg_id`, once the kernel is idle again."""
+        texts, errors = [], []
+        while True:
+            msg = self.client.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "status" and content["execution_state"] == "idle":
+                return "\n".join(ANSI.sub("", t) for t in texts), errors
+            if kind == "stream":
+                texts.append(content["text"])
+            elif kind in ("display_data", "update_display_data", "execute_result"):
+                texts.append(content["data"].get("text/plain", ""))
+            elif kind == "error":
+                errors.append([ANSI.sub("", line) for line in content["traceback"]])
+
+    def run(self, code: str) -> tuple:
+        return self.shown(self.submit(code))
+
+    def close(self):
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture(scope="module")
+def px_cells(tmp_path_factory):
+    """One kernel, one start of the ranks, the %%px cells below; ended before the tests look:
+    {name: (text shown, error tracebacks)}."""
+    busy = tmp_path_factory.mktemp("px") / "busy"
+    kernel, shown = Kernel(), {}
+    try:
+        shown["start"] = kernel.run("from ddp_lab import interactive\nranks = interactive.start(nproc=2)")
+        shown["rank 1 fails"] = kernel.run('%%px\nprint("before", rank)\nx = 1.0 if rank == 0 else 1 / 0')
+        shown["both fail"] = kernel.run("%%px\nraise ValueError(f'bad rank {rank}')")
+        cell = kernel.submit(f'%%px\nimport time\nprint("before the stop", rank)\n'
+                             f'open({str(busy)!r} + str(rank), "w").close()\ntime.sleep(600)')
+        if wait_until(lambda: all(Path(f"{busy}{r}").exists() for r in (0, 1)), timeout=120):
+            kernel.manager.interrupt_kernel()   # the stop button, as JupyterLab sends it
+        shown["stopped"] = kernel.shown(cell)
+        shown["after the stop"] = kernel.run("%%px\nprint('still here', rank)")
+        kernel.run("ranks.stop()")
+    finally:
+        kernel.close()
+    return shown
+
+
+def test_px_error_shows_once_per_rank(px_cells):
+    text, errors = px_cells["start"]
+    assert not errors and "2 ranks up" in text, (text, errors)
+    text, errors = px_cells["rank 1 fails"]
+    assert "before 0" in text and "before 1" in text, text
+    # rank 1's traceback, streamed once in plain form; nothing of it again in the cell's error
+    assert text.count("Traceback") == 1 and text.count("ZeroDivisionError: division by zero") == 1, text
+    assert "CompositeError" not in text
+    assert errors == [["RanksError: the cell failed on rank 1 (traceback above)"]], errors
+    text, errors = px_cells["both fail"]
+    assert text.count("Traceback") == 2 and "bad rank 0" in text and "bad rank 1" in text, text
+    assert errors == [["RanksError: the cell failed on ranks 0, 1 (traceback above)"]], errors
+
+
+def test_px_stop_button_keeps_the_last_lines_and_ends_in_one_line(px_cells):
+    text, errors = px_cells["stopped"]
+    # printed a moment before the stop: still in the rank's buffer when the stop came
+    assert "before the stop 0" in text and "before the stop 1" in text, text
+    assert "KeyboardInterrupt" not in text and "Traceback" not in text, text
+    assert "the ranks stopped" not in text, text               # said once, by the cell's error
+    assert len(errors) == 1 and len(errors[0]) == 1, errors   # the cell failed: Run All stops here
+    assert errors[0][0].startswith("RanksInterrupted: the ranks stopped"), errors
+    text, errors = px_cells["after the stop"]
+    assert not errors and "still here 0" in text and "still here 1" in text, (text, errors)
+
+
+def test_failed_on_ranks_names_the_ranks_and_keeps_unshown_errors():
+    from ddp_lab._pxmagic import FailedOnRanks
+    error = interactive.RanksError("x", [(0, "EngineError: engine 0 died"), (1, "ValueError: bad")])
+    failed = FailedOnRanks(error, shown={1})
+    assert isinstance(failed, interactive.RanksError) and failed.errors == error.errors
+    # rank 1's traceback was streamed; rank 0 died without one, so its line is in the error itself
+    assert failed._render_traceback_() == ["RanksError: the cell failed on ranks 0, 1",
+                                           "rank 0: EngineError: engine 0 died"]
+    shown = set()
+    late = FailedOnRanks(error, shown)  # made when the reply came; the errors streamed after it
+    shown.update({0, 1})
+    assert late._render_traceback_() == ["RanksError: the cell failed on ranks 0, 1 (traceback above)"]
+
+
+def test_stream_errors_once_drops_only_a_stopped_cells_interrupts():
+    from ddp_lab._pxmagic import stream_errors_once
+    passed = []
+
+    class Result:  # what stream_output() calls, per engine, for each message a rank sends
+        def _iopub_streaming_output_callback(self, eid, future, msg):
+            passed.append((eid, msg["content"].get("ename") or msg["content"].get("text")))
+
+    result = Result()
+    shown = stream_errors_once(result)
+
+    def message(kind, **content):
+        return {"header": {"msg_type": kind}, "content": content}
+    result._iopub_streaming_output_callback(0, None, message("stream", name="stdout", text="hi"))
+    result._iopub_streaming_output_callback(0, None, message("error", ename="KeyboardInterrupt"))
+    result._iopub_streaming_output_callback(1, None, message("error", ename="ValueError"))
+    assert passed == [(0, "hi"), (1, "ValueError")] and shown == {1}

@@ -123,7 +123,9 @@ def _wait_for(predicate, timeout, message):
 
 
 @pytest.fixture(scope="package")
-def browser(lab):
+def browser():
+    if _missing():
+        pytest.skip(_missing())
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         # --no-sandbox: CI and containers run as root, where Chromium's sandbox refuses to start

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -205,3 +206,59 @@ def test_stop_button_shows_one_short_message(open_notebook, tmp_path):
         assert noise not in text, f"the stop button shows a traceback ({noise!r}):\n{text}"
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("[rank")]
     assert len(lines) <= 4, f"the stop button printed {len(lines)} lines:\n{text}"
+
+
+def test_px_error_shows_once_per_rank_and_stop_keeps_the_last_lines(open_notebook, tmp_path):
+    """Live ranks (notebook 01b's %%px): a rank's error shows once, short; a stop loses no line."""
+    page = open_notebook("notebooks/00_first_launch.ipynb")
+    busy = tmp_path / "busy"
+    cells = ["from ddp_lab import interactive\nranks = interactive.start(nproc=2)",
+             '%%px\nprint("before", rank)\nx = 1.0 if rank == 0 else 1 / 0',
+             f'%%px\nimport time\nprint("before the stop", rank)\n'
+             f'open({str(busy)!r} + str(rank), "w").close()\ntime.sleep(600)',
+             "ranks.stop()"]
+    n = len(page.sources())
+    for i, source in enumerate(cells):
+        cell = json.dumps({"cell_type": "code", "source": source})
+        page.js(f"window.jupyterapp.shell.currentWidget.content.model.sharedModel.insertCell({n + i}, {cell})")
+
+    def run(index, timeout=240, then=None):
+        page.command("notebook:run-cell", active_cell=index)
+        if then:
+            then()
+        page.wait("window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle' && "
+                  f"window.jupyterapp.shell.currentWidget.content.widgets[{index}].model.executionCount !== null",
+                  timeout, f"cell {index} never finished")
+        page.cell(index).scroll_into_view_if_needed()
+        return shown(page.cell_outputs(index))  # the cell's model: complete once the kernel is idle
+
+    assert "2 ranks up" in run(n), page.cell_outputs(n)
+    text = run(n + 1)
+    page.shot(page.cell(n + 1), "px_error")
+    assert "before 0" in text and "before 1" in text, text
+    assert text.count("Traceback") == 1, f"rank 1's traceback is not shown exactly once:\n{text}"
+    assert text.count("ZeroDivisionError: division by zero") == 1, text
+    assert text.rstrip().endswith("RanksError: the cell failed on rank 1 (traceback above)"), text
+
+    def stop_when_busy():
+        assert wait_until(lambda: all(Path(f"{busy}{r}").exists() for r in (0, 1)), timeout=120)
+        page.button("notebook:interrupt-kernel").click()   # the stop button
+    text = run(n + 2, then=stop_when_busy)
+    page.shot(page.cell(n + 2), "px_stopped")
+    assert "before the stop 0" in text and "before the stop 1" in text, f"a line was lost:\n{text}"
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert "RanksInterrupted: the ranks stopped" in text and text.count("the ranks stopped") == 1, text
+    run(n + 3)
+
+
+def shown(outputs: list) -> str:
+    """The text a cell's outputs show (streams, text of displays, tracebacks), without colours."""
+    parts = []
+    for o in outputs:
+        if o["output_type"] == "stream":
+            parts.append("".join(o["text"]))
+        elif o["output_type"] == "error":
+            parts.append("\n".join(o["traceback"]))
+        else:
+            parts.append("".join(o.get("data", {}).get("text/plain", "")))
+    return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(parts))
