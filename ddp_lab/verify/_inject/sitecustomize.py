@@ -1,0 +1,300 @@
+"""Observes a torchrun rank for `ddp-lab verify`; does nothing unless DDP_LAB_VERIFY_DIR is set.
+
+`ddp-lab verify` puts this folder on PYTHONPATH, so Python imports this file at startup in every
+process of the job, before the user's program (which stays unchanged). When the hang autopsy is on,
+its own sitecustomize comes first and runs this one after it (it chains to the next one on the
+path); this one chains to whatever sitecustomize it shadows in turn. In a rank (RANK is set) it
+imports torch and wraps, without changing what they compute:
+
+- DataLoader iteration: at the start of each pass, the sampler's whole order for that pass is drawn
+  at once (the same random numbers a full pass draws), written down, then handed out as before;
+- DistributedDataParallel: a global forward pre-hook finds each DDP module at its first forward
+  and registers a comm hook that counts the gradient all-reduces and their bytes, then does
+  torch's default all-reduce (a user's own hook is wrapped with the same counter instead);
+- every optimizer's step (torch's global step post-hook): a hash per parameter and per DDP buffer,
+  the learning rates, the all-reduces since the previous step. With DDP_LAB_VERIFY_STEPS=N every
+  rank stops after step N (a barrier, then exit status 0), all at the same step; before each step,
+  a hash of the parameters and of the optimizer state, and the batch the step drew (for --resume);
+  with DDP_LAB_VERIFY_KILL_AT=K every rank SIGKILLs itself right after step K; with
+  DDP_LAB_VERIFY_FILES=1 rank 0 notes whether the script has written a file yet;
+- init_process_group: its timeout capped at DDP_LAB_VERIFY_PG_TIMEOUT seconds, so a hang fails fast.
+
+Records are JSON lines in $DDP_LAB_VERIFY_DIR/rank{R}.jsonl. Every wrapper falls back to the
+original behaviour if its own bookkeeping fails. No wrapper of ours is on the stack while the
+program waits in a collective (hooks return before it), so the hang autopsy still names the
+program's own line.
+"""
+import os
+import sys
+
+ENV = "DDP_LAB_VERIFY_DIR"
+_OWNER = "DDP_LAB_VERIFY_PID"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_INDICES = 200_000  # per pass: larger orders are summarised, not listed
+
+
+def _chain_next_sitecustomize():
+    """Run the sitecustomize this file shadows (the next one down sys.path), if there is one.
+
+    Only the entries after this folder: one before it (the autopsy's) has run already and ran us."""
+    import importlib.machinery
+    import importlib.util
+    here = [i for i, p in enumerate(sys.path) if os.path.abspath(p or os.curdir) == _HERE]
+    rest = sys.path[here[0] + 1:] if here else []
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None or os.path.dirname(os.path.abspath(spec.origin or "")) == _HERE:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+class _Observer:
+    def __init__(self, folder, rank):
+        import json
+        self.json = json
+        self.rank = rank
+        self.path = os.path.join(folder, f"rank{rank}.jsonl")
+        self.stop_at = int(os.environ.get("DDP_LAB_VERIFY_STEPS") or 0)
+        self.kill_at = int(os.environ.get("DDP_LAB_VERIFY_KILL_AT") or 0)
+        self.files = os.environ.get("DDP_LAB_VERIFY_FILES") == "1" and rank == 0
+        self.current = None      # (weakref to the loader iterator of the latest pass, its order)
+        self.pre = {}
+        self.steps = 0
+        self.rounds = 0          # gradient all-reduce rounds (last bucket seen) since the last step
+        self.buckets = 0
+        self.bytes = 0
+        self.loaders = {}        # id(dataset) -> [number, passes, dataset]: a new DataLoader per
+                                 # epoch over the same data set is the same loader
+        self.ddp = []            # the DDP modules (strong refs: verify runs are short)
+        self.hooked = set()
+
+    def write(self, record):
+        record["rank"] = self.rank
+        with open(self.path, "a") as f:
+            f.write(self.json.dumps(record) + "\n")
+
+    # -- data ---------------------------------------------------------------------------------
+    def loader_pass(self, it, loader):
+        """Draw the pass's whole order now, record it, hand it out unchanged."""
+        import torch.utils.data as tud
+        if isinstance(loader.dataset, tud.IterableDataset):
+            return
+        import weakref
+        order = list(it._sampler_iter)
+        it._sampler_iter = iter(order)
+        self.current = (weakref.ref(it), order)
+        flat = []
+        for item in order:
+            flat.extend(item if isinstance(item, (list, tuple)) else [item])
+        entry = self.loaders.setdefault(id(loader.dataset), [len(self.loaders), 0, loader.dataset])
+        number, passes = entry[0], entry[1]
+        entry[1] += 1
+        dataset, mapped = loader.dataset, flat
+        while isinstance(dataset, tud.Subset):  # indices into the data set the Subset wraps
+            mapped = [int(dataset.indices[i]) for i in mapped]
+            dataset = dataset.dataset
+        sampler = loader.sampler
+        info = {"type": type(sampler).__name__}
+        if isinstance(sampler, tud.DistributedSampler):
+            info.update(rank=sampler.rank, num_replicas=sampler.num_replicas, epoch=sampler.epoch,
+                        shuffle=sampler.shuffle, drop_last=sampler.drop_last, seed=sampler.seed)
+        try:
+            size = len(dataset)
+        except TypeError:
+            size = None
+        self.write({"kind": "pass", "loader": number, "pass": passes, "step": self.steps,
+                    "dataset_len": size, "subset": dataset is not loader.dataset, "sampler": info,
+                    "batch_size": loader.batch_size, "drop_last": loader.drop_last, "count": len(mapped),
+                    "indices": [int(i) for i in mapped] if len(mapped) <= MAX_INDICES else None})
+
+    # -- gradients ----------------------------------------------------------------------------
+    def counting(self, hook):
+        def counted(state, bucket):
+            try:
+                self.buckets += 1
+                buf = bucket.buffer()
+                self.bytes += buf.numel() * buf.element_size()
+                if bucket.is_last():
+                    self.rounds += 1
+            except Exception:  # noqa: BLE001
+                pass
+            return hook(state, bucket)
+        return counted
+
+    def first_forward(self, ddp):
+        if id(ddp) in self.hooked:
+            return
+        self.hooked.add(id(ddp))
+        self.ddp.append(ddp)
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        _register_comm_hook(ddp, ddp.process_group, self.counting(allreduce_hook))
+
+    # -- steps --------------------------------------------------------------------------------
+    def before_step(self, optimizer):
+        import hashlib
+        import torch
+        params = hashlib.blake2b(digest_size=8)
+        state = hashlib.blake2b(digest_size=8)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                params.update(_digest(hashlib, torch, p).encode())
+                for key, value in sorted(optimizer.state.get(p, {}).items()):
+                    state.update(f"{key}={_digest(hashlib, torch, value) if torch.is_tensor(value) else value}".encode())
+        self.pre = {"pre_params": params.hexdigest(), "pre_opt": state.hexdigest()}
+        if self.current is not None:  # the batch this step was computed on: the latest one drawn
+            it, order = self.current[0](), self.current[1]
+            done = getattr(it, "_num_yielded", 0) if it is not None else 0
+            if 0 < done <= len(order):
+                batch = order[done - 1]
+                batch = [int(i) for i in (batch if isinstance(batch, (list, tuple)) else [batch])]
+                self.pre["batch"] = hashlib.blake2b(str(batch).encode(), digest_size=8).hexdigest()
+                self.pre["batch_head"] = batch[:3]
+
+    def wrote_files(self):
+        for _, _, names in os.walk(os.getcwd()):
+            if names:
+                return True
+        return False
+
+    def after_step(self, optimizer):
+        import hashlib
+        import torch
+        self.steps += 1
+        names = {}
+        for ddp in self.ddp:
+            names.update({id(p): n for n, p in ddp.module.named_parameters()})
+        params, buffers = {}, {}
+        for g, group in enumerate(optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                params[names.get(id(p), f"param_groups[{g}][{i}]")] = _digest(hashlib, torch, p)
+        broadcast = None
+        for ddp in self.ddp:
+            broadcast = bool(getattr(ddp, "broadcast_buffers", True))
+            for n, b in ddp.module.named_buffers():
+                buffers[n] = _digest(hashlib, torch, b)
+        self.write({"kind": "step", "step": self.steps, "rounds": self.rounds, "buckets": self.buckets,
+                    "bytes": self.bytes, "ddp": len(self.ddp), "broadcast_buffers": broadcast,
+                    "params": params, "buffers": buffers,
+                    "lr": [g.get("lr") if isinstance(g.get("lr"), (int, float)) else None
+                           for g in optimizer.param_groups], **self.pre,
+                    **({"files": self.wrote_files()} if self.files else {})})
+        self.pre = {}
+        if self.kill_at and self.steps == self.kill_at:
+            import signal
+            os.kill(os.getpid(), signal.SIGKILL)  # as a lost node would: no cleanup, no last save
+        self.rounds = self.buckets = self.bytes = 0
+        if self.stop_at and self.steps >= self.stop_at:
+            self.stop()
+
+    def stop(self):
+        """Every rank stops at the same step: nothing is left waiting in a collective."""
+        self.write({"kind": "stopped", "step": self.steps})
+        try:
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.barrier()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+
+def _digest(hashlib, torch, t):
+    t = t.detach().cpu().contiguous()
+    if t.numel() == 0:
+        return "empty"
+    return hashlib.blake2b(t.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest()
+
+
+def _register_comm_hook(ddp, state, hook):
+    return _ORIGINAL["register_comm_hook"](ddp, state, hook)
+
+
+_ORIGINAL = {}
+
+
+def _patch(obs):
+    import datetime
+    import functools
+    import torch
+    import torch.distributed as dist
+    import torch.utils.data.dataloader as dl
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    def safe(fn, *a):
+        try:
+            fn(*a)
+        except Exception as e:  # noqa: BLE001 - observing must never change the run
+            obs.write({"kind": "observer-error", "where": getattr(fn, "__name__", "?"), "error": repr(e)})
+
+    reset = dl._BaseDataLoaderIter._reset
+
+    @functools.wraps(reset)
+    def _reset(self, loader, first_iter=False):
+        reset(self, loader, first_iter)
+        safe(obs.loader_pass, self, loader)
+    dl._BaseDataLoaderIter._reset = _reset  # a multi-process loader's passes, persistent workers too
+
+    single = dl._SingleProcessDataLoaderIter.__init__
+
+    @functools.wraps(single)
+    def single_init(self, loader):  # a single-process loader makes its order here, not in _reset
+        single(self, loader)
+        safe(obs.loader_pass, self, loader)
+    dl._SingleProcessDataLoaderIter.__init__ = single_init
+
+    def find_ddp(module, inputs):
+        if isinstance(module, DDP) and torch.is_grad_enabled():
+            safe(obs.first_forward, module)
+    torch.nn.modules.module.register_module_forward_pre_hook(find_ddp)
+
+    _ORIGINAL["register_comm_hook"] = DDP.register_comm_hook
+
+    @functools.wraps(DDP.register_comm_hook)
+    def register_comm_hook(self, state, hook):
+        if id(self) not in obs.hooked:
+            obs.hooked.add(id(self))
+            obs.ddp.append(self)
+        return _ORIGINAL["register_comm_hook"](self, state, obs.counting(hook))
+    DDP.register_comm_hook = register_comm_hook
+
+    register_optimizer_step_pre_hook(lambda opt, args, kwargs: safe(obs.before_step, opt))
+    register_optimizer_step_post_hook(lambda opt, args, kwargs: safe(obs.after_step, opt))
+
+    cap = float(os.environ.get("DDP_LAB_VERIFY_PG_TIMEOUT") or 0)
+    if cap > 0:
+        init_pg = dist.init_process_group
+
+        @functools.wraps(init_pg)
+        def init_process_group(*a, **k):
+            limit = datetime.timedelta(seconds=cap)
+            if k.get("timeout") is None or k["timeout"] > limit:
+                k["timeout"] = limit
+            return init_pg(*a, **k)
+        dist.init_process_group = init_process_group
+
+
+def _main():
+    folder, rank = os.environ.get(ENV), os.environ.get("RANK")
+    if not folder or rank is None or not os.path.isdir(folder):
+        return
+    if os.environ.get(_OWNER):
+        return  # a child of a rank (a DataLoader worker), or this rank is observed already
+    os.environ[_OWNER] = str(os.getpid())
+    obs = _Observer(folder, int(rank))
+    try:
+        _patch(obs)
+    except Exception as e:  # noqa: BLE001
+        obs.write({"kind": "observer-error", "where": "patch", "error": repr(e)})
+
+
+try:
+    _main()
+except Exception:  # noqa: BLE001 - never break the program
+    pass
+try:
+    _chain_next_sitecustomize()
+finally:
+    del _chain_next_sitecustomize

@@ -1,0 +1,264 @@
+"""From the ranks' records to findings: each with its category, rank, step, evidence and fix.
+
+Records are what ddp_lab/verify/_inject/sitecustomize.py wrote, grouped by rank
+({rank: [record, ...]}, in write order). Each check compares the ranks with each other, or a rank
+with its own earlier pass, never with a number typed here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+CATEGORIES = ("data-coverage", "replica-divergence", "comm-per-step", "resume-mismatch", "hang")
+SHOW = 3  # tensors or indices named in a finding's evidence
+
+
+@dataclass
+class Finding:
+    category: str
+    rank: int | None
+    step: int | None      # the optimizer step it shows at (1 = the first); None: before any step
+    message: str
+    evidence: str
+    fix: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def text(self) -> str:
+        where = ", ".join(filter(None, [f"rank {self.rank}" if self.rank is not None else "",
+                                        f"step {self.step}" if self.step is not None else ""]))
+        return (f"[{self.category}] {where + ': ' if where else ''}{self.message}\n"
+                f"    evidence: {self.evidence}\n    fix: {self.fix}")
+
+
+def _kind(records: dict, kind: str) -> dict:
+    return {r: [x for x in recs if x.get("kind") == kind] for r, recs in records.items()}
+
+
+# -- 1. data coverage ---------------------------------------------------------------------------
+
+def _training_loaders(records: dict) -> set:
+    """Loaders during whose passes an optimizer step happened (not an evaluation loader)."""
+    out = set()
+    for recs in records.values():
+        steps = [x["step"] for x in recs if x.get("kind") == "step"]
+        final = max(steps, default=0)
+        passes = [x for x in recs if x.get("kind") == "pass"]
+        for i, p in enumerate(passes):
+            end = passes[i + 1]["step"] if i + 1 < len(passes) else final
+            if end > p["step"]:
+                out.add(p["loader"])
+    return out
+
+
+def data_coverage(records: dict, world: int, notes: list) -> list:
+    passes = _kind(records, "pass")
+    ranks = sorted(passes)
+    out = []
+    for loader in sorted(_training_loaders(records)):
+        by_rank = {r: [p for p in passes[r] if p["loader"] == loader] for r in ranks}
+        common = min((len(v) for v in by_rank.values()), default=0)
+        if len(ranks) < world or common == 0:
+            notes.append(f"data-coverage: loader {loader} was not iterated on every rank; not checked")
+            continue
+        for k in range(common):
+            found = _one_pass(loader, k, {r: by_rank[r][k] for r in ranks}, world)
+            if found:
+                out.append(found)
+                break
+        out.extend(_order(loader, by_rank, notes))
+    return out
+
+
+def _one_pass(loader, k, recs: dict, world: int) -> Finding | None:
+    first = recs[min(recs)]
+    if any(p["indices"] is None for p in recs.values()):
+        return None
+    n = first["dataset_len"]
+    step = first["step"] + 1
+    sizes = {r: p["dataset_len"] for r, p in recs.items()}
+    if len(set(sizes.values())) > 1:
+        return Finding("data-coverage", max(sizes, key=sizes.get), step,
+                       f"the ranks load data sets of different sizes: {_per_rank(sizes)}",
+                       "the loader's data set differs between ranks", "build the same data set on every rank")
+    samplers = {r: p["sampler"] for r, p in recs.items()}
+    wrong = {r: s for r, s in samplers.items() if s["type"] == "DistributedSampler"
+             and (s["rank"] != r or s["num_replicas"] != world)}
+    if wrong:
+        r, s = min(wrong.items())
+        local = " (LOCAL_RANK used as the global rank? each simulated node here has one rank, so "\
+                "LOCAL_RANK is 0 everywhere)" if s["rank"] != r else ""
+        return Finding("data-coverage", r, step,
+                       f"DistributedSampler(rank={s['rank']}, num_replicas={s['num_replicas']}) on rank {r} "
+                       f"of {world}{local}",
+                       f"pass {k} of loader {loader}: {_overlap_words(recs)}",
+                       "build DistributedSampler(dataset) without rank=/num_replicas= (it reads the process "
+                       "group), or pass the global RANK and WORLD_SIZE, never LOCAL_RANK")
+    sets = {r: set(p["indices"]) for r, p in recs.items()}
+    union = set().union(*sets.values())
+    drawn = sum(len(p["indices"]) for p in recs.values())
+    dist_sampler = all(s["type"] == "DistributedSampler" for s in samplers.values())
+    pad = (math.ceil(n / world) * world - n) if dist_sampler and not first["sampler"].get("drop_last") else 0
+    repeated = drawn - len(union)
+    if n is not None and repeated > pad:
+        if len({tuple(sorted(s)) for s in sets.values()}) == 1:
+            message = (f"every rank draws the same {len(union)} samples per pass "
+                       f"({first['sampler']['type']}, not a DistributedSampler)")
+        else:
+            message = f"the ranks' shards overlap: {repeated} samples drawn twice or more in one pass" \
+                      f"{f' (the sampler pads only {pad})' if pad else ''}"
+        fix = ("shard with DistributedSampler(dataset, shuffle=True) and call sampler.set_epoch(epoch); "
+               "a hand-made split must use the same seed on every rank")
+        if first["subset"]:
+            fix = "split with one seed shared by every rank (e.g. torch.Generator().manual_seed(SEED)), " \
+                  "then take shard RANK of WORLD_SIZE, or use DistributedSampler"
+        return Finding("data-coverage", 1 if world > 1 else 0, step, message,
+                       f"pass {k} of loader {loader}: {_overlap_words(recs)}", fix)
+    if n is not None:
+        missing = n - len(union)
+        allowed = (n % world if dist_sampler and first["sampler"].get("drop_last") else 0)
+        if first["drop_last"] and first["batch_size"]:
+            allowed += world * (first["batch_size"] - 1)
+        if missing > allowed:
+            never = sorted(set(range(n)) - union)
+            return Finding("data-coverage", None, step,
+                           f"{missing} of {n} samples are drawn by no rank in pass {k}",
+                           f"never drawn: {never[:SHOW]}{' ...' if len(never) > SHOW else ''}; "
+                           f"{_per_rank({r: len(s) for r, s in sets.items()})} distinct samples",
+                           "shard with DistributedSampler(dataset) so the ranks together cover the data set")
+    return None
+
+
+def _order(loader, by_rank: dict, notes: list) -> list:
+    """A shuffling sampler must give each rank a new order every pass (set_epoch)."""
+    for r, recs in sorted(by_rank.items()):
+        if len(recs) < 2:
+            notes.append(f"data-coverage: one pass of loader {loader} seen; the order across epochs was not "
+                         f"compared (run more steps to see two)")
+            return []
+        for k in range(1, len(recs)):
+            a, b = recs[k - 1], recs[k]
+            s = b["sampler"]
+            if a["indices"] is None or a["indices"] != b["indices"]:
+                continue
+            if s["type"] == "DistributedSampler" and s.get("shuffle"):
+                return [Finding("data-coverage", r, b["step"] + 1,
+                                f"pass {k} draws exactly the order of pass {k - 1}: the DistributedSampler "
+                                f"still has epoch={s['epoch']}",
+                                f"loader {loader}, rank {r}: first indices {b['indices'][:SHOW]} in both passes",
+                                "call sampler.set_epoch(epoch) at the start of every epoch, before iterating")]
+    return []
+
+
+def _overlap_words(recs: dict) -> str:
+    ranks = sorted(recs)
+    a, b = ranks[0], ranks[-1]
+    shared = sorted(set(recs[a]["indices"]) & set(recs[b]["indices"]))
+    return (f"ranks {a} and {b} share {len(shared)} of {len(set(recs[a]['indices']))} samples "
+            f"(e.g. {shared[:SHOW]}); rank {a} draws {recs[a]['indices'][:SHOW]}..., rank {b} draws "
+            f"{recs[b]['indices'][:SHOW]}...")
+
+
+def _per_rank(values: dict) -> str:
+    return ", ".join(f"{v} on rank {r}" for r, v in sorted(values.items()))
+
+
+# -- 2. replica divergence ----------------------------------------------------------------------
+
+def replica_divergence(records: dict, notes: list) -> list:
+    steps = {r: {x["step"]: x for x in recs} for r, recs in _kind(records, "step").items()}
+    if len(steps) < 2:
+        return []
+    ranks = sorted(steps)
+    common = sorted(set.intersection(*(set(s) for s in steps.values())))
+    if not common:
+        notes.append("replica-divergence: no optimizer step ran on every rank; not checked")
+    out = []
+    for what in ("params", "buffers"):
+        for step in common:
+            ref = steps[ranks[0]][step]
+            if what == "buffers" and all(steps[r][step].get("broadcast_buffers") is not False for r in ranks):
+                break  # DDP overwrites the buffers from rank 0 at the next forward: healthy
+            found = _differs(what, step, ranks, steps, ref)
+            if found:
+                out.append(found)
+                break
+    return out
+
+
+def _differs(what, step, ranks, steps, ref) -> Finding | None:
+    for r in ranks[1:]:
+        rec = steps[r][step]
+        names = [n for n in ref[what] if rec[what].get(n) != ref[what][n]]
+        if not names:
+            continue
+        shown = ", ".join(names[:SHOW]) + (f" and {len(names) - SHOW} more" if len(names) > SHOW else "")
+        if what == "buffers":
+            return Finding("replica-divergence", r, step,
+                           f"buffers differ from rank {ranks[0]} after step {step}: {shown}",
+                           "DistributedDataParallel(broadcast_buffers=False): each rank keeps its own running "
+                           "statistics, so evaluation and checkpoints depend on the rank",
+                           "keep broadcast_buffers=True (the default), or use SyncBatchNorm on GPUs")
+        lrs = {q: steps[q][step]["lr"] for q in ranks}
+        agreed = [t for t in sorted(steps[ranks[0]]) if t < step
+                  and all(steps[q].get(t, {}).get("lr") == steps[ranks[0]][t]["lr"] for q in ranks)]
+        if len({tuple(v) for v in lrs.values()}) > 1 and agreed:
+            evidence = f"learning rates agreed at step {agreed[-1]}, then differ: {_per_rank(lrs)}"
+            fix = ("step the scheduler (and change the optimizer) on every rank, not under `if rank == 0:`; "
+                   "only logging and saving belong to rank 0")
+        elif len({tuple(v) for v in lrs.values()}) > 1:
+            evidence = f"learning rates differ: {_per_rank(lrs)}"
+            fix = "derive hyperparameters from the world size or the config, never from the rank"
+        else:
+            evidence = f"{len(names)} of {len(ref[what])} parameters differ; learning rates agree ({ref['lr']})"
+            fix = ("run the same optimizer and scheduler steps, and the same in-place changes of "
+                   "parameters, on every rank (an `if rank == 0:` around one is the usual cause)")
+        if not ref.get("ddp"):
+            fix = "wrap the model in DistributedDataParallel, so gradients are averaged before each step"
+        return Finding("replica-divergence", r, step,
+                       f"parameters differ from rank {ranks[0]} after step {step}: {shown}", evidence, fix)
+    return None
+
+
+# -- 3. gradient all-reduces per step -----------------------------------------------------------
+
+def comm_per_step(records: dict, notes: list) -> list:
+    for r, recs in sorted(_kind(records, "step").items()):
+        if any(x["ddp"] for x in recs):  # steps before the DDP model's first forward: a warm-up
+            recs = recs[next(i for i, x in enumerate(recs) if x["ddp"]):]
+        if not recs:
+            continue
+        if not any(x["ddp"] for x in recs):
+            return [Finding("comm-per-step", r, recs[0]["step"],
+                            "no DistributedDataParallel model: gradients are never all-reduced",
+                            f"{len(recs)} optimizer steps observed on rank {r}, no DDP module was built",
+                            "wrap the model: model = DistributedDataParallel(model)")]
+        extra = [x for x in recs if x["rounds"] > 1]
+        if extra:
+            x = extra[0]
+            wasted = sum(y["bytes"] - y["bytes"] // y["rounds"] for y in extra)
+            per = x["bytes"] // x["rounds"]
+            return [Finding("comm-per-step", r, x["step"],
+                            f"{x['rounds']} gradient all-reduces before step {x['step']} (1 is enough): "
+                            f"every micro-batch of an accumulation all-reduces",
+                            f"{per:,} bytes per all-reduce; {wasted:,} bytes sent for nothing over "
+                            f"{len(extra)} of {len(recs)} steps on this rank",
+                            "run the micro-batches before the last one inside `with model.no_sync():` "
+                            "(or set model.require_backward_grad_sync = (micro_step == K - 1))")]
+        none = [x for x in recs if x["rounds"] == 0]
+        if none:
+            x = none[0]
+            return [Finding("comm-per-step", r, x["step"],
+                            f"no gradient all-reduce before step {x['step']}: this step used this rank's "
+                            f"gradients alone",
+                            f"{len(none)} of {len(recs)} steps without an all-reduce on rank {r}",
+                            "leave no_sync (or require_backward_grad_sync = False) for the last micro-batch "
+                            "of each step only")]
+    return []
+
+
+def analyse(records: dict, world: int, notes: list) -> list:
+    """Every finding the records show, in CATEGORIES order."""
+    return (data_coverage(records, world, notes) + replica_divergence(records, notes)
+            + comm_per_step(records, notes))

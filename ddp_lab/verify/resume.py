@@ -1,0 +1,113 @@
+"""`ddp-lab verify --resume`: does the script resume from its own checkpoint exactly?
+
+Three runs in the scratch folder, with the same arguments:
+1. uninterrupted, to the end (or --steps): verify's main run; rank 0 notes, after each optimizer step, whether the
+   script has written any file yet: the first step at which one exists is K (the step after the
+   script's first checkpoint), unless --kill-at-step K is given;
+2. again in a fresh folder, every rank SIGKILLed by itself right after optimizer step K (before
+   the script can save again);
+3. relaunched in that folder: the script finds its checkpoint and resumes.
+The relaunched run's steps are then matched with the uninterrupted run's: its first step must
+equal the uninterrupted step it repeats, and every step after it too. Where one differs, the state
+before that step says what was not restored: the parameters, the optimizer state (momentum,
+Adam moments), the learning rate (the scheduler), the batch drawn (the data position); when all
+of them agree, what differs lies outside them (RNG: dropout, augmentation).
+"""
+from __future__ import annotations
+
+from ddp_lab.verify.findings import Finding
+
+
+def check(path, args, world, steps, kill_at, timeout, pg_timeout, scratch, report, full) -> list:
+    """full: the records of the uninterrupted run (verify's main run, with DDP_LAB_VERIFY_FILES=1)."""
+    from ddp_lab.verify.runner import launch_observed, steps_done
+    folders = {n: (scratch / n / "records", scratch / n / "work") for n in ("killed", "resumed")}
+    for records, work in folders.values():
+        records.mkdir(parents=True)
+        work.mkdir(exist_ok=True)
+    folders["resumed"] = (folders["resumed"][0], folders["killed"][1])  # the killed run's files
+    limit = {"DDP_LAB_VERIFY_STEPS": str(steps or 0)}
+    a = _steps(full)
+    k = kill_at or next((s for s, x in sorted(a.items()) if x.get("files")), None)
+    if k is None:
+        report.notes.append("resume: the script wrote no file during the run, so there is nothing to resume "
+                            "from; give --kill-at-step K to kill it anyway")
+        return []
+    if k >= max(a, default=0):
+        report.notes.append(f"resume: step {k} is the last step (or beyond it); nothing is left to resume")
+        return []
+
+    killed, e, wall = launch_observed(path, args, world, *folders["killed"], timeout, pg_timeout,
+                                      {**limit, "DDP_LAB_VERIFY_KILL_AT": str(k)})
+    report.runs.append({"ranks": world, "steps": steps_done(killed), "wall_s": round(wall, 2),
+                        "what": f"killed at step {k}"})
+    if steps_done(killed) < k:
+        report.error = f"the run to be killed at step {k} stopped after step {steps_done(killed)}: {e or 'it ended'}"
+        return []
+    # The relaunch stops where the uninterrupted run stopped: after the steps it still owes.
+    rest = {"DDP_LAB_VERIFY_STEPS": str(max(a) - (k - 1))} if steps else {}
+    resumed, e, wall = launch_observed(path, args, world, *folders["resumed"], timeout, pg_timeout, rest)
+    report.runs.append({"ranks": world, "steps": steps_done(resumed), "wall_s": round(wall, 2), "what": "resumed"})
+    if e is not None:
+        report.error = f"the relaunch after the kill at step {k} failed: {str(e).strip()}"
+        return []
+    return compare(a, [x for x in resumed.get(0, []) if x.get("kind") == "step"], k)
+
+
+def _steps(records) -> dict:
+    return {x["step"]: x for x in records.get(0, []) if x.get("kind") == "step"}
+
+
+def compare(a: dict, c: list, k: int) -> list:
+    """a: the uninterrupted run's steps {n: record}; c: the relaunched run's, in order; k: the kill."""
+    if not c:
+        return [Finding("resume-mismatch", 0, k, "the relaunched run made no optimizer step",
+                        f"the uninterrupted run made {max(a)} steps; the run killed at step {k} was relaunched",
+                        "resume at the step after the checkpoint's, not at the end of training")]
+    start = next((n for n, x in sorted(a.items()) if x["params"] == c[0]["params"]), None)
+    if start is None:
+        return [_differs(a.get(k), c[0], k, f"the first step after the resume (expected: step {k}, the one "
+                                              f"after the checkpoint) equals no step of the uninterrupted run")]
+    for i, x in enumerate(c):
+        n = start + i
+        if n not in a:
+            return [Finding("resume-mismatch", 0, n, f"the resumed run goes on past step {max(a)}, where the "
+                            f"uninterrupted run ended: it makes {start - 1 + len(c)} steps in all",
+                            f"it resumed at step {start} and made {len(c)} steps",
+                            "save the position in the data (epoch, batch) and resume from it")]
+        if x["params"] != a[n]["params"]:
+            return [_differs(a[n], x, n, f"step {n} after the resume differs from the uninterrupted run's")]
+    if start - 1 + len(c) < max(a):
+        return [Finding("resume-mismatch", 0, start + len(c),
+                        f"the resumed run ends after step {start - 1 + len(c)}; the uninterrupted one after {max(a)}",
+                        f"it resumed at step {start} and made {len(c)} steps",
+                        "save the position in the data (epoch, batch) and resume from it")]
+    return []
+
+
+def _differs(want, got, step, message) -> Finding:
+    if want is None:
+        return Finding("resume-mismatch", 0, step, message, "-", "save and restore the whole training state")
+    names = [n for n in want["params"] if got["params"].get(n) != want["params"][n]]
+    causes, fixes = [], []
+    if got.get("pre_params") != want.get("pre_params"):
+        causes.append("the parameters before the step (the model was not restored)")
+        fixes.append("load the model's state_dict")
+    if got.get("pre_opt") != want.get("pre_opt"):
+        causes.append("the optimizer state before the step (momentum, Adam moments)")
+        fixes.append("save and load optimizer.state_dict()")
+    if got.get("lr") != want.get("lr"):
+        causes.append(f"the learning rate: {got.get('lr')} after the resume, {want.get('lr')} uninterrupted "
+                      f"(the scheduler)")
+        fixes.append("save and load the scheduler's state_dict()")
+    if got.get("batch") != want.get("batch"):
+        causes.append(f"the batch: it starts {got.get('batch_head')} after the resume, {want.get('batch_head')} "
+                      f"uninterrupted (the data position)")
+        fixes.append("save the epoch and the batch within it; call set_epoch and skip the batches done")
+    if not causes:
+        causes.append("nothing the step reads that is checked here: parameters, optimizer state, learning rate "
+                      "and batch agree, so the random numbers probably differ (dropout, augmentation)")
+        fixes.append("save and restore the RNG states (torch, numpy, random) of every rank")
+    return Finding("resume-mismatch", 0, step, message,
+                   f"parameters differ: {', '.join(names[:3])}; what differed before the step: " + "; ".join(causes),
+                   "; ".join(fixes))

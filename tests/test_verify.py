@@ -1,0 +1,158 @@
+"""ddp-lab verify on small look-alike scripts (tests/verify_scripts/): each broken one is found with
+the right category, rank and step, and nothing else; the correct ones give no finding.
+
+One verify per script, cached for the module (a 2-rank launch costs 8-30 s here), at --steps 3.
+"""
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddp_lab import cli
+from ddp_lab.autopsy.collect import INJECT as AUTOPSY_INJECT
+from ddp_lab.verify.runner import INJECT as VERIFY_INJECT
+
+HERE = Path(__file__).parent / "verify_scripts"
+ROOT = Path(__file__).resolve().parents[1]
+
+# --steps 3 each, except the hang: its rank 1 skips its third batch, so both ranks still reach step 3
+OPTIONS = {"bad_nan_skip": ["--pg-timeout", "15", "--timeout", "120"], "uneven_split": ["--uneven"],
+           "good_resume": ["--resume"], "bad_resume": ["--resume"]}
+NO_STEP_LIMIT = {"bad_nan_skip"}
+
+
+@pytest.fixture(scope="module")
+def verified():
+    """verified(name, *args) -> (exit status, JSON report) of `ddp-lab verify --json`, run once."""
+    cache = {}
+
+    def get(name, *args):
+        if (name, args) not in cache:
+            before = sorted(p.name for p in HERE.iterdir())
+            script = str(HERE / f"{name}.py") if not name.startswith("/") else name
+            steps = [] if name in NO_STEP_LIMIT else ["--steps", "3"]
+            argv = ["verify", "--json", *steps, *OPTIONS.get(name, []), "--", script, *args]
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                status = cli.main(argv)
+            assert sorted(p.name for p in HERE.iterdir()) == before, "verify wrote into the script's folder"
+            cache[(name, args)] = status, json.loads(out.getvalue())
+        return cache[(name, args)]
+    return get
+
+
+@pytest.mark.parametrize("name", ["good_plain", "good_nanogpt"])
+def test_correct_scripts_have_no_findings(verified, name):
+    status, report = verified(name)
+    assert report["findings"] == [] and status == 0, report
+    assert report["runs"] == [{"ranks": 2, "steps": 3, "wall_s": report["runs"][0]["wall_s"], "returncode": 0}]
+    assert not [n for n in report["notes"] if "observer failed" in n], report["notes"]
+
+
+BROKEN = [  # script, category, rank, step, words in the message or evidence
+    ("bad_no_sampler", "data-coverage", 1, 1, "every rank draws the same 64 samples"),
+    ("bad_set_epoch", "data-coverage", 0, 3, "still has epoch=0"),
+    ("bad_seed_split", "data-coverage", 1, 1, "shards overlap"),
+    ("bad_local_rank", "data-coverage", 1, 1, "DistributedSampler(rank=0, num_replicas=2) on rank 1"),
+    ("bad_bn_buffers", "replica-divergence", 1, 1, "buffers differ from rank 0 after step 1: 1.running_mean"),
+    ("bad_lr_rank", "replica-divergence", 1, 1, "learning rates differ: [0.05] on rank 0, [0.1] on rank 1"),
+    ("bad_rank0_scheduler", "replica-divergence", 1, 2, "agreed at step 1, then differ"),
+    ("bad_accum", "comm-per-step", 0, 1, "4 gradient all-reduces before step 1"),
+    ("bad_nan_skip", "hang", 0, 5, "a NaN skip on one rank"),
+]
+
+
+@pytest.mark.parametrize("name,category,rank,step,words", BROKEN, ids=[b[0] for b in BROKEN])
+def test_broken_script_is_found(verified, name, category, rank, step, words):
+    status, report = verified(name)
+    assert status == 1, report
+    assert [(f["category"], f["rank"], f["step"]) for f in report["findings"]] == [(category, rank, step)], report
+    f = report["findings"][0]
+    assert words in " ".join([f["message"], f["evidence"], f["fix"]]), f
+    assert f["fix"] and f["evidence"]
+
+
+def test_a_resume_from_a_full_checkpoint_equals_the_uninterrupted_run(verified):
+    """Killed by SIGKILL after step 2 (the first step after its first checkpoint), relaunched."""
+    status, report = verified("good_resume")
+    assert status == 0 and report["findings"] == [], report
+    assert [(r["steps"], r.get("what")) for r in report["runs"]] == [
+        (3, None), (2, "killed at step 2"), (2, "resumed")]  # the relaunch repeats steps 2 and 3
+
+
+def test_a_checkpoint_without_the_optimizer_state_is_found(verified):
+    status, report = verified("bad_resume")
+    assert status == 1 and [(f["category"], f["rank"], f["step"]) for f in report["findings"]] == [
+        ("resume-mismatch", 0, 2)], report
+    f = report["findings"][0]
+    assert "optimizer state before the step" in f["evidence"] and "learning rate" not in f["evidence"], f
+    assert "batch" not in f["evidence"] and "optimizer.state_dict()" in f["fix"]
+
+
+def test_wasted_bytes_of_accumulation_without_no_sync(verified):
+    """Linear(8, 1): 9 float32 gradients = 36 bytes per all-reduce; 3 of 4 all-reduces per step wasted."""
+    _, report = verified("bad_accum")
+    assert "36 bytes per all-reduce; 324 bytes sent for nothing over 3 of 3 steps" in report["findings"][0]["evidence"]
+
+
+def test_the_hang_is_the_autopsys_diagnosis_at_the_programs_lines(verified):
+    _, report = verified("bad_nan_skip")
+    f = report["findings"][0]
+    assert "bad_nan_skip.py:18" in f["message"] and "bad_nan_skip.py:31" in f["message"], f
+    assert "sitecustomize" not in f["message"] + f["evidence"], f  # no frame of the observer is blamed
+    assert "`if not torch.isfinite(loss):`" in f["fix"]
+
+
+def test_three_ranks_expose_an_uneven_split(verified):
+    status, report = verified("uneven_split")
+    assert [r["ranks"] for r in report["runs"]] == [2, 3]
+    assert status == 1 and len(report["findings"]) == 1, report
+    f = report["findings"][0]
+    assert (f["category"], f["step"]) == ("data-coverage", 1)
+    assert f["message"] == "with 3 ranks: 1 of 64 samples are drawn by no rank in pass 0"
+    assert "never drawn: [63]" in f["evidence"]
+
+
+def test_a_script_that_cannot_run_exits_2_with_the_reason(verified):
+    status, report = verified("cannot_run")
+    assert status == 2 and report["findings"] == []
+    assert "data/train.bin" in report["error"] and "FileNotFoundError" in report["error"], report["error"]
+
+
+def test_no_such_script_exits_2_without_a_launch(tmp_path, capsys):
+    assert cli.main(["verify", str(tmp_path / "missing.py")]) == 2
+    out = capsys.readouterr().out
+    assert "no such file" in out and "missing.py" in out and "in 0." in out
+
+
+@pytest.mark.parametrize("rung", ["minimal_ddp.py", "train_ddp.py"])
+def test_the_first_and_last_rung_of_the_ladder_pass(verified, rung):
+    """The rungs between them add metrics, checkpoints, AMP, errors and data sets on the same loop;
+    all of them pass too (docs/verify.md), but 8 launches are too slow for every test run."""
+    status, report = verified(str(ROOT / "scripts" / rung), "--epochs", "2", "--batch-size", "256")
+    assert status == 0 and report["findings"] == [], report
+    assert report["runs"][0]["steps"] == 3
+
+
+def test_the_observer_chains_with_the_autopsy_and_a_users_sitecustomize(tmp_path):
+    """Only one sitecustomize is imported per process: the autopsy's runs ours, ours runs the next."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("import builtins\nbuiltins.USER_SITE_RAN = True\n")
+    (tmp_path / "verify").mkdir()
+    (tmp_path / "autopsy").mkdir()
+    probe = ("import builtins, torch.utils.data.dataloader as dl; "
+             "print(getattr(builtins, 'USER_SITE_RAN', False), hasattr(dl._BaseDataLoaderIter._reset, '__wrapped__'))")
+    env = {**os.environ, "RANK": "0", "DDP_LAB_VERIFY_DIR": str(tmp_path / "verify"),
+           "DDP_LAB_AUTOPSY_DIR": str(tmp_path / "autopsy"),
+           "PYTHONPATH": os.pathsep.join([str(AUTOPSY_INJECT), str(ROOT), str(VERIFY_INJECT), str(user)])}
+    for var in ("DDP_LAB_AUTOPSY_ARMED", "DDP_LAB_VERIFY_PID"):
+        env.pop(var, None)
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "True"], out.stderr
+    assert (tmp_path / "autopsy" / "rank0.pid").exists()  # the autopsy armed this rank as before
