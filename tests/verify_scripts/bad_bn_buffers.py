@@ -14,7 +14,7 @@ class Trainer:
         self.sampler = DistributedSampler(self.data)
         self.loader = DataLoader(self.data, batch_size=16, sampler=self.sampler)
         net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
-        self.model = DDP(net, broadcast_buffers=False)
+        self.model = DDP(net, broadcast_buffers=False)  # bug: each rank keeps its own BatchNorm statistics
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
 
     def fit(self, epochs):
