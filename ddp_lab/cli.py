@@ -3,6 +3,8 @@
     ddp-lab check train.py launch.sh     # static checker for the classic DDP bugs
     ddp-lab doctor [--json]              # pre-flight checklist of this machine (runs an all-reduce)
     ddp-lab autopsy DIR [--json]         # why a job hung, from its ranks' dumps
+    ddp-lab verify -- train.py [ARGS]    # run your script on CPU ranks: is it DDP-correct?
+    ddp-lab grade [--json]               # which graded exercises pass, per notebook
 
 A subcommand is a module with add_arguments(parser) and run(args) -> exit status; add one
 by listing it in SUBCOMMANDS.
@@ -18,6 +20,8 @@ SUBCOMMANDS = {
     "check": ("ddp_lab.check.report", "find the classic DDP bugs in scripts and notebooks (nothing runs)"),
     "doctor": ("ddp_lab.doctor", "check this machine before a DDP job: versions, GPUs, a real all-reduce, limits"),
     "autopsy": ("ddp_lab.autopsy.command", "explain a hung job from its ranks' dumps: who waits where, who never came"),
+    "verify": ("ddp_lab.verify.command", "run your script on CPU ranks and check data shards, replicas, all-reduces"),
+    "grade": ("ddp_lab.grade.command", "show which graded exercises of the notebooks pass"),
 }
 
 

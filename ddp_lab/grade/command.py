@@ -1,0 +1,26 @@
+"""`ddp-lab grade`: which graded exercises pass, per notebook, from the grades file."""
+from __future__ import annotations
+
+import json
+import sys
+
+DESCRIPTION = ("Print, per notebook, which graded exercises pass (✓), were tried (✗) or not yet (·).\n"
+               "Verdicts come from grade.check in the notebooks, kept in ~/.ddp_lab/grades.json\n"
+               "(DDP_LAB_GRADES=/path/grades.json names another file).")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print {notebook: {exercise: passed | tried | not attempted}} as JSON")
+
+
+def run(args) -> int:
+    from ddp_lab import grade
+    try:
+        table = grade.progress(show=not args.json)
+    except RuntimeError as err:  # an unreadable grades file: say which and what to do, touch nothing
+        print(f"ddp-lab grade: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(table, indent=1))
+    return 0

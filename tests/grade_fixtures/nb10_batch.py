@@ -1,0 +1,31 @@
+"""10.6: a right batch plan and the wrong ones, each with the hint it must get."""
+
+
+def good(global_batch, world_size, max_per_rank):
+    share = global_batch // world_size
+    steps = next(k for k in range(1, share + 1) if share % k == 0 and share // k <= max_per_rank)
+    return share // steps, steps
+
+
+def not_split(global_batch, world_size, max_per_rank):
+    return global_batch, 1
+
+
+def max_then_floor(global_batch, world_size, max_per_rank):
+    return max_per_rank, max(1, global_batch // (max_per_rank * world_size))
+
+
+def one_sample(global_batch, world_size, max_per_rank):
+    return 1, global_batch // world_size
+
+
+def ignores_the_limit(global_batch, world_size, max_per_rank):
+    return global_batch // world_size, 1
+
+
+MISTAKES = {
+    "global batch on every rank": (not_split, "each rank takes its share"),
+    "largest batch, steps rounded down": (max_then_floor, "must equal the global batch"),
+    "one sample per micro-step": (one_sample, "the fewest micro-steps"),
+    "does not fit": (ignores_the_limit, "do not fit on a rank"),
+}
