@@ -13,7 +13,8 @@ import pytest
 import torch
 from grade_fixtures import (nb01_gradients, nb01_synced, nb02_evaluation, nb02_exact, nb03_bytes, nb03_ring,
                             nb04_clip, nb04_plan, nb05_accumulation, nb05_lr, nb06_atomic, nb06_checkpoint,
-                            nb08_exposed, nb08_predict, nb09_memory, nb09_zero1, nb10_batch, nb10_torchrun)
+                            nb07_diff, nb07_unused, nb08_exposed, nb08_predict, nb09_memory, nb09_zero1, nb10_batch,
+                            nb10_torchrun)
 
 from ddp_lab import grade
 from ddp_lab.grade import core
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = {"01.4": nb01_gradients, "01.5": nb01_synced, "02.4": nb02_evaluation, "02.5": nb02_exact,
             "03.5": nb03_ring, "03.6": nb03_bytes, "04.4": nb04_clip, "04.5": nb04_plan,
             "05.4": nb05_accumulation, "05.5": nb05_lr, "06.4": nb06_checkpoint, "06.5": nb06_atomic,
+            "07.1": nb07_diff, "07.3": nb07_unused,
             "08.4": nb08_exposed, "08.5": nb08_predict, "09.5": nb09_zero1, "09.6": nb09_memory,
             "10.5": nb10_torchrun, "10.6": nb10_batch}
 CASES = [(eid, "good", None) for eid in FIXTURES] + \
