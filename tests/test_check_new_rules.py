@@ -3,18 +3,10 @@ marked `# <-`) and correct look-alikes they must leave alone. Pure AST: nothing 
 import pytest
 
 from ddp_lab import check
+from test_check_rules import HEAD, _cases, lines, marked  # the same harness as the older rules
 
-HEAD = "import os\nimport torch\nimport torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
 SPAWN = "import torch.multiprocessing as mp\n"
 LAUNCHED = 'dist.init_process_group("gloo", timeout=T)\n'
-
-
-def lines(code: str, rule: str, kind: str = "python") -> list[int]:
-    return [f.line for f in check.source(code, kind) if f.id == rule]
-
-
-def marked(code: str) -> list[int]:
-    return [i for i, line in enumerate(code.splitlines(), 1) if "# <-" in line]
 
 
 BROKEN = {
@@ -159,10 +151,6 @@ SHELL_LOOKALIKES = {
         "#SBATCH --ntasks=8\n#SBATCH --gpus-per-task=1\nsrun torchrun --nproc_per_node=2 train.py",
     ],
 }
-
-
-def _cases(table):
-    return [pytest.param(rule, code, id=f"{rule}-{i}") for rule, codes in table.items() for i, code in enumerate(codes)]
 
 
 @pytest.mark.parametrize("rule, code", _cases(BROKEN))
