@@ -2,7 +2,7 @@
 collective and the source line, whether the launcher's timeout ends it or the ranks' own short
 process-group timeout does; `ddp-lab autopsy DIR` prints the same from the folder it left.
 
-The six hangs run once, side by side (module fixture), and every test reads their results.
+The seven hangs run once, side by side (module fixture), and every test reads their results.
 """
 import concurrent.futures
 import json
@@ -32,6 +32,7 @@ CASES = {  # name: (program, argument, process-group timeout or None for the lau
     "save": (COLLECTIVES, "save", PG_TIMEOUT),
     "nan": (TRAINING, "nan", PG_TIMEOUT),
     "uneven": (TRAINING, "uneven", PG_TIMEOUT),
+    "dying": (COLLECTIVES, "dying", PG_TIMEOUT),
 }
 
 
@@ -154,6 +155,22 @@ def test_uneven_batches_without_join(hangs):
     assert re.search(rf"rank 0 was waiting in {GRADIENT_ALL_REDUCE} \(hang_training.py:{backward_at}\)", first), first
     assert e.autopsy.pattern.name == "uneven"
     assert 'notebooks/02_sampler_and_metrics.ipynb, section "5. Uneven batches per rank' in str(e)
+
+
+def test_a_rank_stopped_in_its_excepthook_is_still_named_with_its_error(hangs):
+    # Rank 0 fails first, but its own excepthook still runs when rank 1 times out, asks it for
+    # a dump and exits; torchrun then stops rank 0 before the autopsy's excepthook writes
+    # exception.json. Rank 0's answer to rank 1's request carries its exception.
+    e = error(hangs, "dying")
+    reduce_at = line_of(COLLECTIVES, "dist.all_reduce(stats)", 'elif how == "dying"')
+    raise_at = line_of(COLLECTIVES, "raise RuntimeError", 'elif how == "dying"')
+    first = str(e).splitlines()[0]
+    assert f"rank 1 was waiting in all_reduce #4 (hang_collectives.py:{reduce_at})" in first, first
+    assert (f"rank 0 never reached collective #4: it failed first at hang_collectives.py:{raise_at} "
+            "in main: RuntimeError: a corrupt batch on rank 0") in first, first
+    folder = Path(e.autopsy.folder)
+    assert not (folder / "rank0.exception.json").exists()  # stopped before it wrote it
+    assert json.loads((folder / "rank0.request.json").read_text())["exception"]["type"] == "RuntimeError"
 
 
 def test_no_process_is_left_behind(hangs):

@@ -139,8 +139,12 @@ def read_folder(folder) -> dict[int, RankEvidence]:
     for r, found in dumps.items():
         e = ev(r)
         e.files.extend(str(p) for p, _ in found.values())
-        if "exception" in found and found["exception"][1].get("exception"):
-            info = found["exception"][1]["exception"]
+        # A rank asked while printing its traceback put it in its answer (request.json): it
+        # may have been stopped before it wrote exception.json.
+        died = next((found[k][1]["exception"] for k in ("exception", "request")
+                     if k in found and found[k][1].get("exception")), None)
+        if died:
+            info = died
             e.stack = [Frame(f["file"], f["line"], f["name"]) for f in info["frames"]]
             e.stack_from = "exception"
             e.exception = f"{info['type']}: {info['message']}".strip()

@@ -4,6 +4,8 @@
     hang_collectives.py rank0      a collective only on rank 0 (`if rank == 0:`)
     hang_collectives.py sleeper    rank 1 is stuck in a time.sleep loop; rank 0 waits
     hang_collectives.py save       a barrier only in rank 0's save path
+    hang_collectives.py dying      rank 0 fails; its own excepthook (a log upload) still runs
+                                   when rank 1's collective times out
 
 HANG_PG_TIMEOUT (seconds, default 600): the process group's timeout; a short one makes gloo
 raise on every rank instead of hanging until the launcher's timeout.
@@ -25,6 +27,14 @@ def evaluate():
 def save(state, path):
     torch.save(state, path)
     dist.barrier()  # "wait until the file is written": but only rank 0 gets here
+
+
+def upload_log_first(hook):
+    """An excepthook that uploads the log before the traceback: the upload stalls."""
+    def upload_log_excepthook(etype, value, tb):
+        time.sleep(600)
+        hook(etype, value, tb)
+    return upload_log_excepthook
 
 
 def main(how):
@@ -51,6 +61,11 @@ def main(how):
     elif how == "save":
         if rank == 0:
             save({"stats": stats}, os.devnull)
+        dist.all_reduce(stats)
+    elif how == "dying":
+        if rank == 0:
+            sys.excepthook = upload_log_first(sys.excepthook)
+            raise RuntimeError("a corrupt batch on rank 0")
         dist.all_reduce(stats)
     dist.destroy_process_group()
 

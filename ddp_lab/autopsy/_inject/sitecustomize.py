@@ -12,7 +12,10 @@ set) it writes nothing until asked, and then only into $DDP_LAB_AUTOPSY_DIR:
 - rank{R}.sigusr1.txt, .sigterm.txt, .fatal.txt: stacks faulthandler writes (no GIL needed) on
                       SIGUSR1, on SIGTERM (then the rank dies as before), on a crash (SIGABRT ...);
 - on an uncaught exception: rank{R}.exception.json, with its traceback; the first failing
-  rank also asks the other ranks of this node to dump (torchrun stops them a moment later);
+  rank also asks the other ranks of this node to dump (torchrun stops them a moment later).
+  A rank asked while its excepthooks still run (ours, torch's, the program's own: a log
+  upload...) puts the exception in its answer, request.json: torchrun may stop it before it
+  writes exception.json;
 - at a normal exit: rank{R}.exit.json, the Flight Recorder only (the collectives it ran).
 
 Every step is wrapped: a failure here leaves the program exactly as it would run without it.
@@ -65,6 +68,7 @@ class _Arm:
         self.base = os.path.join(folder, f"rank{rank}")
         self.fr_path = os.path.join(folder, f"fr_trace_rank_{rank}")
         self.main_ident = None
+        self.exc = None  # (type, value, traceback) once our excepthook has it
 
     def path(self, suffix):
         return f"{self.base}.{suffix}"
@@ -86,6 +90,22 @@ class _Arm:
         self.write(self.fr_path, c10d._dump_fr_trace(includeStackTraces=False))
         return os.path.basename(self.fr_path)
 
+    def dying(self, main_frame):
+        """(type, value, traceback) the main thread is dying of while an excepthook runs, or None.
+
+        Python sets sys.last_value before it calls sys.excepthook, and the hooks' frames are then
+        the main thread's whole stack (no module frame below them)."""
+        if self.exc is not None:
+            return self.exc
+        value = getattr(sys, "last_value", None)
+        if value is None or main_frame is None:
+            return None
+        while main_frame.f_back is not None:
+            main_frame = main_frame.f_back
+        if main_frame.f_code.co_name == "<module>":
+            return None  # running the program: a last_value from before (an interactive rank)
+        return type(value), value, getattr(sys, "last_traceback", None)
+
     def dump(self, reason, request=None, exc=None, stacks=True):
         import json
         import threading
@@ -96,8 +116,11 @@ class _Arm:
         names = {t.ident: t.name for t in threading.enumerate()}
         me = threading.get_ident()
         try:
-            for ident, frame in (sys._current_frames().items() if stacks else ()):
-                if ident == me and exc is None:
+            current = sys._current_frames() if stacks else {}
+            if request is not None and exc is None:
+                exc = self.dying(current.get(self.main_ident))
+            for ident, frame in current.items():
+                if ident == me and request is not None:
                     continue  # this thread: always here, answering
                 out["threads"].append({"ident": ident, "name": names.get(ident, "?"),
                                        "main": ident == self.main_ident, "frames": _frames(frame)})
@@ -187,6 +210,7 @@ class _Arm:
         previous = sys.excepthook
 
         def excepthook(etype, value, tb):
+            self.exc = (etype, value, tb)  # a request answered meanwhile carries it
             try:
                 previous(etype, value, tb)  # the traceback first, as without the autopsy
             finally:
