@@ -704,10 +704,35 @@ def load_sharded(path, model, optimizer):
 
     state = dict(zip(("model", "optimizer"), get_state_dict(model, optimizer)))  # dcp.load fills these in place
     try:
+        saved = {k: tuple(m.size) for k, m in dcp.FileSystemReader(path).read_metadata().state_dict_metadata.items()
+                 if hasattr(m, "size")}  # every tensor's name and shape, from the folder's .metadata
+    except Exception as e:  # noqa: BLE001 - unreadable: cut short or overwritten
+        raise UsageError(f"checkpoint {path!r} is damaged: its .metadata cannot be read ({type(e).__name__}): "
+                         "use another --ckpt-dir or --resume none") from None
+    ours = dict(tensor_shapes(state))
+    differ = sorted(k for k in ours if saved.get(k) != ours[k]) + sorted(
+        k for k in saved if k.startswith("model.") and k not in ours)
+    if differ:
+        raise UsageError(f"checkpoint {path!r} does not fit this run's model and optimizer (first: {differ[0]}, "
+                         f"{saved.get(differ[0])} saved, {ours.get(differ[0])} here): use the same settings, "
+                         "another --ckpt-dir or --resume none")
+    try:
         dcp.load(state, checkpoint_id=path)
     except dcp.CheckpointException as e:  # a BaseException, raised on every rank
-        raise RuntimeError(str(e)) from None
+        cause = next((line for line in reversed(str(e).splitlines()) if line.strip()), "?")
+        cause = "".join(c for c in cause if c.isprintable())[:200]
+        raise UsageError(f"checkpoint {path!r} is damaged: its tensors fit this run but a part of the folder "
+                         f"cannot be read ({cause.strip()}): use another --ckpt-dir or --resume none") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def tensor_shapes(state: dict, prefix: str = ""):
+    """(name, shape) of every tensor in a nested dict, named as dcp names them ("model.0.weight")."""
+    for k, v in state.items():
+        if isinstance(v, dict):
+            yield from tensor_shapes(v, f"{prefix}{k}.")
+        elif isinstance(v, torch.Tensor):
+            yield f"{prefix}{k}", tuple(v.shape)
 
 
 def evaluation_loader(val_set, rank, world_size, num_workers):

@@ -5,11 +5,13 @@ Launches shared by every test, in one module fixture, side by side where they ar
   restarted by torchrun, resumed to step 18), both logging every sample index they train on;
 - then 3 ranks resume the drill's last.dcp (step 18) and finish the epoch;
 - one process: a save killed between its two renames, then --resume auto; the two format
-  mix-ups (a .pt file for dcp, a dcp folder for pt); a save that hits a file-size limit.
+  mix-ups (a .pt file for dcp, a dcp folder for pt); a save that hits a file-size limit; a saved
+  folder damaged three ways (a part overwritten, .metadata cut short, another optimizer's run).
 """
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,12 +106,33 @@ def mixups(d):
                          "--ckpt-dir", d / "full", cwd=d, preexec_fn=small_files)}
 
 
+def damaged(d):
+    """One process saves at step 3; its folder, copied, then damaged three ways and resumed."""
+    flags = [*COMMON, "--ckpt-format", "dcp", "--max-steps", 6]
+    run1(*flags[:-2], "--max-steps", 3, "--save-every", 3, "--ckpt-dir", d / "dmg" / "good", cwd=d)
+    out = {}
+    for case in ("part", "metadata", "optimizer"):
+        folder = d / "dmg" / case / "last.dcp"
+        shutil.copytree(d / "dmg" / "good" / "last.dcp", folder)
+        if case == "part":  # 64 bytes overwritten in the middle of the tensors' file
+            (part,) = folder.glob("*.distcp")
+            data = bytearray(part.read_bytes())
+            data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
+            part.write_bytes(bytes(data))
+        elif case == "metadata":  # cut short
+            (folder / ".metadata").write_bytes((folder / ".metadata").read_bytes()[:100])
+        extra = ["--optimizer", "adamw"] if case == "optimizer" else []
+        out[case] = run1(*flags, *extra, "--ckpt-dir", folder.parent, cwd=d)
+    return out
+
+
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     d = tmp_path_factory.mktemp("dcp")
     (d / "one").mkdir()
-    with ThreadPoolExecutor(4) as pool:
-        futures = {f.__name__: pool.submit(f, d) for f in (drill_then_three, straight, killed_rename, mixups)}
+    with ThreadPoolExecutor(5) as pool:
+        futures = {f.__name__: pool.submit(f, d) for f in (drill_then_three, straight, killed_rename, mixups,
+                                                            damaged)}
         return d, {name: f.result() for name, f in futures.items()}
 
 
@@ -186,3 +209,15 @@ def test_a_failed_write_is_one_error_and_leaves_no_folder(jobs):
     assert "file too large" in lines[0] and "while saving" in lines[0] and "at step 1" in lines[0]
     assert "the temporary folder was removed and nothing was written" in lines[0]
     assert os.listdir(d / "full") == []  # no last.dcp.tmp, no probe file
+
+
+@pytest.mark.parametrize("case, words", [
+    ("part", "is damaged: its tensors fit this run but a part of the folder cannot be read ("),
+    ("metadata", "is damaged: its .metadata cannot be read ("),
+    ("optimizer", "does not fit this run's model and optimizer (first: optimizer.state."),
+])
+def test_a_damaged_or_mismatched_folder_is_one_error_naming_what(jobs, case, words):
+    code, err = jobs[1]["damaged"][case]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: checkpoint "), err[-2000:]
+    assert words in lines[0] and lines[0].endswith("--resume none"), lines[0]
