@@ -703,36 +703,26 @@ def load_sharded(path, model, optimizer):
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     state = dict(zip(("model", "optimizer"), get_state_dict(model, optimizer)))  # dcp.load fills these in place
+    damaged = f"checkpoint {path!r} is damaged: "
     try:
-        saved = {k: tuple(m.size) for k, m in dcp.FileSystemReader(path).read_metadata().state_dict_metadata.items()
-                 if hasattr(m, "size")}  # every tensor's name and shape, from the folder's .metadata
-    except Exception as e:  # noqa: BLE001 - unreadable: cut short or overwritten
-        raise UsageError(f"checkpoint {path!r} is damaged: its .metadata cannot be read ({type(e).__name__}): "
-                         "use another --ckpt-dir or --resume none") from None
-    ours = dict(tensor_shapes(state))
-    differ = sorted(k for k in ours if saved.get(k) != ours[k]) + sorted(
-        k for k in saved if k.startswith("model.") and k not in ours)
-    if differ:
-        raise UsageError(f"checkpoint {path!r} does not fit this run's model and optimizer (first: {differ[0]}, "
-                         f"{saved.get(differ[0])} saved, {ours.get(differ[0])} here): use the same settings, "
-                         "another --ckpt-dir or --resume none")
+        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata  # each tensor's name and size
+    except Exception as e:  # noqa: BLE001 - cut short or overwritten
+        raise UsageError(f"{damaged}its .metadata cannot be read ({type(e).__name__}): use another --ckpt-dir "
+                         "or --resume none") from None
+    ours = {**{f"model.{k}": v for k, v in state["model"].items()}, **{f"optimizer.state.{p}.{k}": v
+            for p, s in state["optimizer"]["state"].items() for k, v in s.items() if torch.is_tensor(v)}}
+    differ = [k for k, v in ours.items() if list(getattr(saved.get(k), "size", [-1])) != list(v.shape)]
+    if differ or any(k.startswith("model.") and k not in ours for k in saved):
+        raise UsageError(f"checkpoint {path!r} does not fit this run's model and optimizer (first: "
+                         f"{(differ or ['an extra tensor'])[0]}): use the same settings, another --ckpt-dir "
+                         "or --resume none")
     try:
         dcp.load(state, checkpoint_id=path)
     except dcp.CheckpointException as e:  # a BaseException, raised on every rank
-        cause = next((line for line in reversed(str(e).splitlines()) if line.strip()), "?")
-        cause = "".join(c for c in cause if c.isprintable())[:200]
-        raise UsageError(f"checkpoint {path!r} is damaged: its tensors fit this run but a part of the folder "
-                         f"cannot be read ({cause.strip()}): use another --ckpt-dir or --resume none") from None
+        cause = "".join(c for c in str(e).strip().splitlines()[-1] if c.isprintable())[:200]
+        raise UsageError(f"{damaged}its tensors fit this run but a part of the folder cannot be read ({cause}): "
+                         "use another --ckpt-dir or --resume none") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-
-
-def tensor_shapes(state: dict, prefix: str = ""):
-    """(name, shape) of every tensor in a nested dict, named as dcp names them ("model.0.weight")."""
-    for k, v in state.items():
-        if isinstance(v, dict):
-            yield from tensor_shapes(v, f"{prefix}{k}.")
-        elif isinstance(v, torch.Tensor):
-            yield f"{prefix}{k}", tuple(v.shape)
 
 
 def evaluation_loader(val_set, rank, world_size, num_workers):
