@@ -662,6 +662,9 @@ def train(args, rank, world_size, device, backend):
     is_main = rank == 0
     train_set, val_set, classes = build_data(args, rank)
     shape = tuple(train_set[0][0].shape)  # one input sample's shape, read from the data itself
+    if train_set[0][0].is_floating_point() and train_set[0][0].dtype != torch.float32:  # numpy's float64
+        raise UsageError(f"the inputs are {train_set[0][0].dtype}, the model float32: build the dataset "
+                         "from torch.tensor(X, dtype=torch.float32)")
     agree(check_start(args, world_size, train_set, is_main))
     fit_batch(args, len(train_set), world_size, is_main)  # before anything derives from the batch size
 

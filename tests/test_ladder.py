@@ -112,3 +112,16 @@ def test_rung5_bad_flag_is_one_message_and_exit_2(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: --batch-size must be at least 1 (got 0)"
+
+
+def test_rung7_float64_inputs_stop_with_one_line_naming_the_fix(tmp_path):
+    # rung 7 brings your own data: built without dtype=torch.float32, numpy's float64 reaches the model
+    source = ladder.path("ddp7_data_models.py").read_text()
+    built = "X = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0"
+    assert source.count(built) == 1
+    (tmp_path / "own_data.py").write_text(source.replace(built, built.replace("float32", "float64")))
+    proc = subprocess.run([sys.executable, "own_data.py", "--max-steps", "1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip() == ("error: the inputs are torch.float64, the model float32: build the dataset "
+                                   "from torch.tensor(X, dtype=torch.float32)"), proc.stderr[-3000:]
