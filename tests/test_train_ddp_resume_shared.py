@@ -6,7 +6,8 @@ a file every rank reads and finds bad stops the job with one message, rank 0's. 
 run side by side: a straight run; two crash drills (saved and killed at step 10, restarted by
 torchrun, resumed to step 20), one with the checkpoint folder shared, one with rank 1 in a
 working directory of its own (tests/programs/rank_cwd.py), where the relative --ckpt-dir names
-nothing; and a resume from a file that is not a checkpoint.
+nothing; the same drill with --ckpt-format dcp, which needs a folder every rank sees and says so;
+and a resume from a file that is not a checkpoint.
 """
 import json
 import os
@@ -31,11 +32,13 @@ def records(path):
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     d = tmp_path_factory.mktemp("shared_resume")
-    for name in ("shared", "hidden", "rank1_disk"):
+    for name in ("shared", "hidden", "rank1_disk", "hidden_dcp", "rank1_disk_dcp"):
         (d / name).mkdir()
-    cwds = {"shared": [d / "shared"] * 2, "hidden": [d / "hidden", d / "rank1_disk"]}
+    cwds = {"shared": [d / "shared"] * 2, "hidden": [d / "hidden", d / "rank1_disk"],
+            "hidden_dcp": [d / "hidden_dcp", d / "rank1_disk_dcp"]}
     plans = {"straight": ([], 0, None)}
-    plans.update({name: (DRILL, 1, os.pathsep.join(map(str, dirs))) for name, dirs in cwds.items()})
+    plans.update({name: (DRILL + (["--ckpt-format", "dcp"] if name.endswith("dcp") else []), 1,
+                         os.pathsep.join(map(str, dirs))) for name, dirs in cwds.items()})
     torch.save({"weights": torch.zeros(3)}, d / "not_a_checkpoint.pt")  # loads, but is not ours
     plans["bad"] = (["--resume", d / "not_a_checkpoint.pt"], 0, None)
 
@@ -80,6 +83,16 @@ def test_rank_0_reads_and_sends_when_another_rank_cannot_see_it(jobs):
     assert not (d / "rank1_disk" / "ck").exists()  # rank 1 really had no checkpoint folder
     _, shared = resumed(d, "shared")
     assert final["params_sha256"] == shared["params_sha256"]  # the same resumed model, either path
+
+
+def test_a_sharded_checkpoint_that_another_rank_cannot_see_is_one_message_naming_the_fix(jobs):
+    d, runs = jobs
+    run = runs["hidden_dcp"]
+    assert run.returncode != 0 and (d / "hidden_dcp" / "ck" / "last.dcp" / "meta.pt").exists(), run.log[-3000:]
+    errors = [(r, l) for r, lines in run.rank_lines.items() for l in lines if l.startswith("error")]
+    assert errors == [(0, "error: --ckpt-format dcp needs every rank to see 'ck/last.dcp' (shared storage): put "
+                          "--ckpt-dir on a filesystem every node mounts, or use --ckpt-format pt")], errors
+    assert not any("Traceback" in l for lines in run.rank_lines.values() for l in lines)
 
 
 def test_a_bad_file_every_rank_reads_is_one_message_from_rank_0(jobs):
