@@ -147,6 +147,18 @@ def test_faulthandler_text_gives_the_main_threads_stack():
     assert evidence.in_collective(frames) and evidence.user_frame(frames).line == 37
 
 
+def test_frames_of_the_verify_observer_are_machinery_not_the_program():
+    """Under `ddp-lab verify` the observer's step hook (its barrier at --steps N) is on the stack:
+    the rank's "where" is the program's line that called optimizer.step(), not the observer's."""
+    frames = [evidence.Frame("/job/train.py", 50, "<module>"), evidence.Frame("/job/train.py", 31, "train"),
+              evidence.Frame("/usr/lib/python3.11/site-packages/torch/optim/optimizer.py", 493, "wrapper"),
+              evidence.Frame("/x/ddp_lab/verify/_inject/sitecustomize.py", 212, "after_step"),
+              evidence.Frame("/x/ddp_lab/verify/runner.py", 10, "helper")]
+    assert evidence.is_library(frames[-2].file) and evidence.is_library(frames[-1].file)
+    assert evidence.user_frame(frames) == frames[1]
+    assert not evidence.is_library("/job/verify/train.py")  # a user's own folder named verify is the program
+
+
 def test_a_pattern_names_the_lesson_and_whether_the_check_rule_flags_the_code(tmp_path):
     from ddp_lab.autopsy import patterns
     from ddp_lab.autopsy.evidence import Frame

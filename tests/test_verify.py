@@ -130,15 +130,6 @@ def test_no_such_script_exits_2_without_a_launch(tmp_path, capsys):
     assert "no such file" in out and "missing.py" in out and "in 0." in out
 
 
-@pytest.mark.parametrize("rung", ["minimal_ddp.py", "train_ddp.py"])
-def test_the_first_and_last_rung_of_the_ladder_pass(verified, rung):
-    """The rungs between them add metrics, checkpoints, AMP, errors and data sets on the same loop;
-    all of them pass too (docs/verify.md), but 8 launches are too slow for every test run."""
-    status, report = verified(str(ROOT / "scripts" / rung), "--epochs", "2", "--batch-size", "256")
-    assert status == 0 and report["findings"] == [], report
-    assert report["runs"][0]["steps"] == 3
-
-
 def test_the_observer_chains_with_the_autopsy_and_a_users_sitecustomize(tmp_path):
     """Only one sitecustomize is imported per process: the autopsy's runs ours, ours runs the next."""
     user = tmp_path / "user"

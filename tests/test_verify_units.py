@@ -1,5 +1,6 @@
 """ddp_lab.verify.findings on records made here (no launch): the shards come from torch's own
-DistributedSampler, so the expectation is independent of the code under test."""
+DistributedSampler, so the expectation is independent of the code under test. Last, one launch of a
+single rank that fails at once: the runner leaves the caller's working directory alone."""
 import torch
 from torch.utils.data import DistributedSampler
 
@@ -78,6 +79,23 @@ def test_the_first_diverging_step_is_named():
     assert (f.rank, f.step) == (1, 2) and f.message.endswith(": v")
 
 
+def test_a_step_a_rank_shadowed_under_join_is_not_compared():
+    """Uneven inputs under Join: rank 0 ran out of data after step 3 and shadowed rank 1's 4th
+    all-reduce (its parameters wait for Join's final sync); later steps are compared again."""
+    def recs(joined):
+        shadow = {**step(4, params={"w": "c"}), "joined": True} if joined else step(4, params={"w": "c"})
+        return {0: [step(1), step(2, params={"w": "b"}), step(3, params={"w": "c"}), shadow,
+                    step(5, params={"w": "e"})],
+                1: [step(1), step(2, params={"w": "b"}), step(3, params={"w": "c"}), step(4, params={"w": "d"}),
+                    step(5, params={"w": "e"})]}
+    assert replica_divergence(recs(joined=True), []) == []
+    assert comm_per_step(recs(joined=True), []) == []
+    (f,) = replica_divergence(recs(joined=False), [])
+    assert (f.rank, f.step) == (1, 4)
+    (f,) = replica_divergence({**recs(joined=True), 1: recs(joined=True)[1][:4] + [step(5, params={"w": "x"})]}, [])
+    assert (f.rank, f.step) == (1, 5)
+
+
 def test_no_all_reduce_before_a_step_and_a_warm_up_step():
     warm = step(1, rounds=0, ddp=0)
     assert comm_per_step({0: [warm, step(2), step(3)]}, []) == []  # a warm-up before DDP is no finding
@@ -89,3 +107,54 @@ def test_no_all_reduce_before_a_step_and_a_warm_up_step():
 
 def test_analyse_of_a_healthy_run_is_empty():
     assert analyse(passes(16, 2), 2, []) == []
+
+
+def test_verify_never_changes_the_callers_working_directory(tmp_path, monkeypatch):
+    """The ranks start in the scratch folder (the script's relative files land there); the calling
+    process stays where it was, during the launch too (a notebook's other threads share it)."""
+    import os
+    import shutil
+
+    from ddp_lab import launch
+    from ddp_lab.verify import verify
+
+    script = tmp_path / "fails.py"  # the cheapest launch: one rank that writes a file, then fails
+    script.write_text("import os\nopen('written.txt', 'w').write(os.getcwd())\nraise SystemExit('cannot go on')\n")
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
+    during, torchrun = [], launch.torchrun
+
+    def watched(*a, **k):
+        during.append(os.getcwd())
+        return torchrun(*a, **k)
+    monkeypatch.setattr(launch, "torchrun", watched)
+    report = verify(str(script), nproc=1, keep=True)
+    scratch = next(n.split(": ", 1)[1] for n in report.notes if n.startswith("scratch folder kept"))
+    try:
+        assert report.status == 2 and "cannot go on" in report.error, report.text()
+        assert during == [str(caller)] and os.getcwd() == str(caller)
+        assert list(caller.iterdir()) == []
+        work = os.path.join(scratch, "world1", "work")
+        with open(os.path.join(work, "written.txt")) as f:
+            assert os.path.realpath(f.read()) == os.path.realpath(work)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_a_rank_that_raised_while_the_others_waited_failed_it_did_not_hang(tmp_path):
+    """The autopsy calls it "missing" (rank 0 never reached the barrier): its own error is the cause,
+    so verify says the script cannot run (exit status 2) instead of reporting a hang."""
+    from ddp_lab.autopsy.diagnose import Diagnosis, RankState
+    from ddp_lab.verify.runner import _hang
+
+    class Failed(Exception):
+        def __init__(self, message, exception):
+            super().__init__(message)
+            self.autopsy = Diagnosis("rank 1 was waiting in barrier #23; rank 0 never reached collective #23",
+                                     {0: RankState(0, "failed", exception=exception), 1: RankState(1, "waiting")},
+                                     "missing")
+    assert _hang(Failed("RuntimeError on rank 0", "RuntimeError: Parent directory out does not exist."),
+                 tmp_path, 2) is None
+    lost = _hang(Failed("rank 0 lost its peers", "DistBackendError: Connection reset by peer"), tmp_path, 2)
+    assert lost is not None and lost.category == "hang" and lost.rank == 0

@@ -23,7 +23,7 @@ from pathlib import Path
 
 # Frames in these places are the machinery, not the program: the "where" of a rank is the
 # innermost frame outside them.
-_LIBRARY = re.compile(r"[/\\](site-packages|dist-packages)[/\\]|^<frozen |[/\\]ddp_lab[/\\]autopsy[/\\]")
+_LIBRARY = re.compile(r"[/\\](site-packages|dist-packages)[/\\]|^<frozen |[/\\]ddp_lab[/\\](autopsy|verify)[/\\]")
 _STDLIB = {os.path.normcase(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}}
 # A main thread whose innermost frames are here is blocked in a collective (autograd: DDP's
 # gradient all-reduce finishes at the end of backward()).

@@ -167,7 +167,9 @@ def _per_rank(values: dict) -> str:
 # -- 2. replica divergence ----------------------------------------------------------------------
 
 def replica_divergence(records: dict, notes: list) -> list:
-    steps = {r: {x["step"]: x for x in recs} for r, recs in _kind(records, "step").items()}
+    # A "joined" step (a rank out of data under Join shadowed the others' all-reduce) changes no
+    # parameter on that rank until Join's final sync: not compared.
+    steps = {r: {x["step"]: x for x in recs if not x.get("joined")} for r, recs in _kind(records, "step").items()}
     if len(steps) < 2:
         return []
     ranks = sorted(steps)

@@ -94,18 +94,18 @@ def verify(script, args=(), nproc: int = 2, steps: int | None = None, uneven: bo
 def launch_observed(path, args, world, records_dir, work, timeout, pg_timeout, extra_env=None):
     """One launch of the script with the observer armed: (records by rank, LaunchError or None, seconds)."""
     from ddp_lab import launch
+    # Each rank moves into `work` itself (the observer, at its start), so the script's own files land
+    # in the scratch folder while this process's working directory, the caller's, never changes.
     env = {"DDP_LAB_VERIFY_DIR": str(records_dir), "DDP_LAB_VERIFY_PG_TIMEOUT": str(pg_timeout),
+           "DDP_LAB_VERIFY_WORKDIR": str(work),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(INJECT), os.environ.get("PYTHONPATH")])),
            **(extra_env or {})}
-    here, error = os.getcwd(), None
+    error = None
     t0 = time.monotonic()
-    os.chdir(work)  # the script's own files land in the scratch folder
     try:
         launch.torchrun(str(path), nproc=1, nnodes=world, args=args, timeout=timeout, env=env, stream=False)
     except launch.LaunchError as e:
         error = e
-    finally:
-        os.chdir(here)
     return _read(records_dir), error, time.monotonic() - t0
 
 
@@ -150,6 +150,8 @@ def _hang(e, records_dir, world) -> Finding | None:
     timed_out = str(e).startswith("timed out")
     if d is not None and not timed_out and d.kind not in ("mismatch", "missing"):
         d = None  # the ranks agree on where they were: they failed, they did not hang
+    if d is not None and not timed_out and d.kind == "missing" and _raised(d):
+        d = None  # a rank died of an error of its own while the others waited for it: a failure
     if d is None and not timed_out:
         return None
     records = _read(records_dir)
@@ -171,6 +173,13 @@ def _hang(e, records_dir, world) -> Finding | None:
         fix = "see each rank's last output above; the hang autopsy (on unless DDP_LAB_AUTOPSY=0) says more"
     step = last.get(rank, max(last.values(), default=0)) + 1
     return Finding("hang", rank, step, headline, evidence or "-", fix)
+
+
+def _raised(d) -> bool:
+    """A rank that never reached the collective failed with an exception of its own (a lost peer,
+    a timeout, is what a hang leaves, not its cause)."""
+    from ddp_lab.autopsy.evidence import is_secondary
+    return any(s.state == "failed" and s.exception and not is_secondary(s.exception) for s in d.ranks.values())
 
 
 def _read(folder) -> dict:

@@ -17,7 +17,10 @@ imports torch and wraps, without changing what they compute:
   a hash of the parameters and of the optimizer state, and the batch the step drew (for --resume);
   with DDP_LAB_VERIFY_KILL_AT=K every rank SIGKILLs itself right after step K; with
   DDP_LAB_VERIFY_FILES=1 rank 0 notes whether the script has written a file yet;
-- init_process_group: its timeout capped at DDP_LAB_VERIFY_PG_TIMEOUT seconds, so a hang fails fast.
+- Join (uneven inputs): each all-reduce a rank out of data shadows counts as its step (marked
+  "joined", so it is not compared), keeping the ranks' step numbers aligned;
+- init_process_group: its timeout capped at DDP_LAB_VERIFY_PG_TIMEOUT seconds, so a hang fails fast;
+- the working directory: a rank starts in DDP_LAB_VERIFY_WORKDIR (verify's scratch folder).
 
 Records are JSON lines in $DDP_LAB_VERIFY_DIR/rank{R}.jsonl. Every wrapper falls back to the
 original behaviour if its own bookkeeping fails. No wrapper of ours is on the stack while the
@@ -28,6 +31,7 @@ import os
 import sys
 
 ENV = "DDP_LAB_VERIFY_DIR"
+WORKDIR = "DDP_LAB_VERIFY_WORKDIR"  # the rank's working directory (verify's scratch folder)
 _OWNER = "DDP_LAB_VERIFY_PID"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_INDICES = 200_000  # per pass: larger orders are summarised, not listed
@@ -152,7 +156,7 @@ class _Observer:
                 self.pre["batch_head"] = batch[:3]
 
     def wrote_files(self):
-        for _, _, names in os.walk(os.getcwd()):
+        for _, _, names in os.walk(os.environ.get(WORKDIR) or os.getcwd()):
             if names:
                 return True
         return False
@@ -180,6 +184,24 @@ class _Observer:
                            for g in optimizer.param_groups], **self.pre,
                     **({"files": self.wrote_files()} if self.files else {})})
         self.pre = {}
+        self.step_done()
+
+    def joined_step(self, ddp):
+        """Under Join (uneven inputs), a rank out of data shadows each step's gradient all-reduce
+        instead of stepping: counted as its step, so the ranks' step numbers stay aligned; its
+        parameters wait for Join's final sync, so they are not compared at this step."""
+        import hashlib
+        import torch
+        self.steps += 1
+        self.write({"kind": "step", "step": self.steps, "joined": True, "rounds": self.rounds,
+                    "buckets": self.buckets, "bytes": self.bytes, "ddp": len(self.ddp),
+                    "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", True)), "lr": [],
+                    "params": {n: _digest(hashlib, torch, p) for n, p in ddp.module.named_parameters()},
+                    "buffers": {}, **({"files": self.wrote_files()} if self.files else {})})
+        self.pre = {}
+        self.step_done()
+
+    def step_done(self):
         if self.kill_at and self.steps == self.kill_at:
             import signal
             os.kill(os.getpid(), signal.SIGKILL)  # as a lost node would: no cleanup, no last save
@@ -260,6 +282,14 @@ def _patch(obs):
         return _ORIGINAL["register_comm_hook"](self, state, obs.counting(hook))
     DDP.register_comm_hook = register_comm_hook
 
+    match = DDP._match_all_reduce_for_bwd_pass  # Join's shadow of one backward's all-reduces
+
+    @functools.wraps(match)
+    def _match_all_reduce_for_bwd_pass(self):
+        match(self)
+        safe(obs.joined_step, self)
+    DDP._match_all_reduce_for_bwd_pass = _match_all_reduce_for_bwd_pass
+
     register_optimizer_step_pre_hook(lambda opt, args, kwargs: safe(obs.before_step, opt))
     register_optimizer_step_post_hook(lambda opt, args, kwargs: safe(obs.after_step, opt))
 
@@ -284,6 +314,12 @@ def _main():
         return  # a child of a rank (a DataLoader worker), or this rank is observed already
     os.environ[_OWNER] = str(os.getpid())
     obs = _Observer(folder, int(rank))
+    work = os.environ.get(WORKDIR)
+    if work:  # the scratch folder: the parent never changes its own working directory
+        try:
+            os.chdir(work)
+        except OSError as e:
+            obs.write({"kind": "observer-error", "where": "chdir", "error": repr(e)})
     try:
         _patch(obs)
     except Exception as e:  # noqa: BLE001
