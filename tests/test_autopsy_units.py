@@ -204,3 +204,32 @@ def test_a_rank_tearing_its_group_down_is_not_waiting_in_a_collective():
     frames = [_frame("/work/train.py", 40, "main"), _frame(torch_file, 2100, "destroy_process_group")]
     assert not evidence.in_collective(frames)
     assert evidence.in_collective(frames[:1] + [_frame(torch_file, 2800, "all_reduce")])
+
+
+def test_a_rank_in_its_excepthook_answers_with_the_exception_but_a_stale_one_is_ignored(tmp_path):
+    # The injection's _Arm, run in a child (importing the injection here would arm nothing, but
+    # would chain into this interpreter's sitecustomize): Python sets sys.last_value before it calls
+    # sys.excepthook, when the hooks' frames are the main thread's whole stack; a program still
+    # running (a module frame, or `python -m`'s runner, outermost) may hold a stale one (IPython).
+    code = textwrap.dedent(f"""
+        import importlib.util, sys, threading
+        spec = importlib.util.spec_from_file_location("inject", {str(collect.INJECT / "sitecustomize.py")!r})
+        inject = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(inject)
+        arm = inject._Arm({str(tmp_path)!r}, 0)
+        sys.last_value = ValueError("an earlier cell's error")
+        print("running:", arm.dying(sys._getframe()))
+        seen = []
+        hook = threading.Thread(target=lambda: seen.append(arm.dying(sys._getframe())))  # no module frame
+        hook.start(); hook.join()
+        print("in a hook:", seen[0][0].__name__, seen[0][1])
+        arm.exc = (KeyError, KeyError("ours"), None)
+        print("ours:", arm.dying(None)[1])
+        """)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", collect.DIR_ENV)}
+    for argv in (["-c", code], ["-m", "probe"]):
+        (tmp_path / "probe.py").write_text(code)
+        out = subprocess.run([sys.executable, *argv], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+        assert out.stdout.splitlines() == ["running: None", "in a hook: ValueError an earlier cell's error",
+                                           "ours: 'ours'"], (argv, out.stdout, out.stderr)

@@ -94,7 +94,7 @@ class _Arm:
         """(type, value, traceback) the main thread is dying of while an excepthook runs, or None.
 
         Python sets sys.last_value before it calls sys.excepthook, and the hooks' frames are then
-        the main thread's whole stack (no module frame below them)."""
+        the main thread's whole stack (no module frame, no `python -m` runner below them)."""
         if self.exc is not None:
             return self.exc
         value = getattr(sys, "last_value", None)
@@ -102,8 +102,8 @@ class _Arm:
             return None
         while main_frame.f_back is not None:
             main_frame = main_frame.f_back
-        if main_frame.f_code.co_name == "<module>":
-            return None  # running the program: a last_value from before (an interactive rank)
+        if main_frame.f_code.co_name in ("<module>", "_run_module_as_main"):
+            return None  # running the program: a last_value from before (IPython sets it too)
         return type(value), value, getattr(sys, "last_traceback", None)
 
     def dump(self, reason, request=None, exc=None, stacks=True):
