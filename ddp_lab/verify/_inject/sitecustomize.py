@@ -164,7 +164,6 @@ class _Observer:
     def after_step(self, optimizer):
         import hashlib
         import torch
-        self.steps += 1
         names = {}
         for ddp in self.ddp:
             names.update({id(p): n for n, p in ddp.module.named_parameters()})
@@ -177,14 +176,9 @@ class _Observer:
             broadcast = bool(getattr(ddp, "broadcast_buffers", True))
             for n, b in ddp.module.named_buffers():
                 buffers[n] = _digest(hashlib, torch, b)
-        self.write({"kind": "step", "step": self.steps, "rounds": self.rounds, "buckets": self.buckets,
-                    "bytes": self.bytes, "ddp": len(self.ddp), "broadcast_buffers": broadcast,
-                    "params": params, "buffers": buffers,
-                    "lr": [g.get("lr") if isinstance(g.get("lr"), (int, float)) else None
-                           for g in optimizer.param_groups], **self.pre,
-                    **({"files": self.wrote_files()} if self.files else {})})
-        self.pre = {}
-        self.step_done()
+        self.step_done({"broadcast_buffers": broadcast, "params": params, "buffers": buffers,
+                        "lr": [g.get("lr") if isinstance(g.get("lr"), (int, float)) else None
+                               for g in optimizer.param_groups], **self.pre})
 
     def joined_step(self, ddp):
         """Under Join (uneven inputs), a rank out of data shadows each step's gradient all-reduce
@@ -192,16 +186,17 @@ class _Observer:
         parameters wait for Join's final sync, so they are not compared at this step."""
         import hashlib
         import torch
-        self.steps += 1
-        self.write({"kind": "step", "step": self.steps, "joined": True, "rounds": self.rounds,
-                    "buckets": self.buckets, "bytes": self.bytes, "ddp": len(self.ddp),
-                    "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", True)), "lr": [],
-                    "params": {n: _digest(hashlib, torch, p) for n, p in ddp.module.named_parameters()},
-                    "buffers": {}, **({"files": self.wrote_files()} if self.files else {})})
-        self.pre = {}
-        self.step_done()
+        self.step_done({"joined": True, "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", True)),
+                        "lr": [], "buffers": {},
+                        "params": {n: _digest(hashlib, torch, p) for n, p in ddp.module.named_parameters()}})
 
-    def step_done(self):
+    def step_done(self, fields):
+        """Record one step (what every step's record holds, then `fields`); kill or stop at it."""
+        self.steps += 1
+        self.write({"kind": "step", "step": self.steps, "rounds": self.rounds, "buckets": self.buckets,
+                    "bytes": self.bytes, "ddp": len(self.ddp), **fields,
+                    **({"files": self.wrote_files()} if self.files else {})})
+        self.pre = {}
         if self.kill_at and self.steps == self.kill_at:
             import signal
             os.kill(os.getpid(), signal.SIGKILL)  # as a lost node would: no cleanup, no last save
