@@ -42,7 +42,7 @@ e2e: $(STAMP)
 
 # Every notebook executed top to bottom, rendered to HTML handouts in build/workbook/.
 workbook: $(STAMP)
-	$(PY) -m ddp_lab.workbook build/workbook --store --workshop docs/workshop.md
+	$(PY) -m ddp_lab.engine.workbook build/workbook --store --workshop docs/workshop.md
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_train.py

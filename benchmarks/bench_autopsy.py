@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_autopsy.py [--reps 3] [--steps 300]
 
-ddp_lab.launch arms every rank for the autopsy through the environment: a sitecustomize that
+ddp_lab.engine.launch arms every rank for the autopsy through the environment: a sitecustomize that
 registers faulthandler and parks one thread in open() on a FIFO (no work until asked), and
 the Flight Recorder switched on (TORCH_FR_BUFFER_SIZE), which records every collective with its
 Python frames: the only part that does work on every step. This launches the same 2-rank gloo
@@ -29,7 +29,7 @@ def worker(steps: int) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddp_lab import runtime
+    from ddp_lab.engine import runtime
 
     with runtime.distributed() as ctx:
         torch.manual_seed(0)
@@ -64,7 +64,7 @@ def main() -> None:
     if args.worker:
         worker(args.steps)
         return
-    from ddp_lab import launch
+    from ddp_lab.engine import launch
     medians = {(on, w): [] for on in (True, False) for w in ("ddp_step", "allreduce_x20")}
     for rep in range(args.reps):
         for on in (True, False):

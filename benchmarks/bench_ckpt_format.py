@@ -82,7 +82,7 @@ def main() -> None:
 
     import torch
 
-    from ddp_lab import launch
+    from ddp_lab.engine import launch
 
     with tempfile.TemporaryDirectory(prefix="bench_ckpt_format_") as tmp:
         launch.torchrun(str(Path(__file__).resolve()), nproc=2, stream=False, timeout=900,

@@ -93,7 +93,7 @@ def main() -> None:
 
     import torch
 
-    from ddp_lab import launch
+    from ddp_lab.engine import launch
 
     with tempfile.TemporaryDirectory(prefix="bench_resume_") as tmp:
         ckpt = Path(tmp) / "last.pt"

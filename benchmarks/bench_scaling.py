@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def step_time(model: str, nproc: int, steps: int, batch_size: int) -> float:
-    from ddp_lab import launch
+    from ddp_lab.engine import launch
 
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "m.jsonl"

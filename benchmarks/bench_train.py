@@ -34,7 +34,7 @@ def bare_loop(ctx, epochs: int, model_name: str, batch_size: int, window: int) -
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from ddp_lab import data, models
+    from ddp_lab.lessons import data, models
 
     dataset = data.digits("train")
     torch.manual_seed(0)
@@ -62,7 +62,7 @@ def worker(args) -> None:
     """Under torchrun: bare loop and train_ddp.train() alternate in the same processes."""
     import importlib.util
 
-    from ddp_lab import launch, runtime
+    from ddp_lab.engine import launch, runtime
 
     spec = importlib.util.spec_from_file_location("train_ddp", launch.script("train_ddp.py"))
     train_ddp = importlib.util.module_from_spec(spec)
@@ -94,7 +94,7 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    from ddp_lab import launch
+    from ddp_lab.engine import launch
 
     print(f"train_ddp.py vs a bare DDP loop: {args.model}, digits, 2 ranks x batch {args.batch_size}, "
           f"{args.epochs} epochs, {args.reps} alternating runs each, in the same two processes")

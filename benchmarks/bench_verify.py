@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_verify.py [--reps 2] [--script tests/verify_scripts/good_plain.py]
 
-Runs the same script through ddp_lab.launch.torchrun (2 ranks, no observer) and through
+Runs the same script through ddp_lab.engine.launch.torchrun (2 ranks, no observer) and through
 ddp_lab.verify.verify (2 ranks, each simulated node one rank, the observer armed), alternating
 (plain verify plain verify ...) so that load from other programs hits both alike, and prints each
 one's median wall time and their ratio. Asserts nothing.
@@ -26,7 +26,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2, help="launches of each kind, alternating")
     p.add_argument("--script", default=str(ROOT / "tests" / "verify_scripts" / "good_plain.py"))
     args = p.parse_args()
-    from ddp_lab import launch
+    from ddp_lab.engine import launch
     from ddp_lab.verify import verify
 
     plain, verified = [], []

@@ -102,7 +102,7 @@ def pick_device(device: str, backend: str, local_world_size: int, gpus: int) -> 
     NCCL needs a GPU of its own for every process on the node (two ranks on one GPU fail with
     "Duplicate GPU detected"), so --device auto falls back to the CPU with gloo when there are
     fewer GPUs than processes, and --device cuda / --backend nccl refuse with the fix.
-    (ddp_lab.runtime.pick_backend makes the same decision.)
+    (ddp_lab.engine.runtime.pick_backend makes the same decision.)
     """
     too_few = (f"{local_world_size} processes on this node but {gpus} GPU(s): NCCL needs one GPU per "
                f"process; start --nproc_per_node={max(gpus, 1)} or use --device cpu")

@@ -124,7 +124,7 @@ def pick_device(device: str, backend: str, local_world_size: int, gpus: int) -> 
     NCCL needs a GPU of its own for every process on the node (two ranks on one GPU fail with
     "Duplicate GPU detected"), so --device auto falls back to the CPU with gloo when there are
     fewer GPUs than processes, and --device cuda / --backend nccl refuse with the fix.
-    (ddp_lab.runtime.pick_backend makes the same decision.)
+    (ddp_lab.engine.runtime.pick_backend makes the same decision.)
     """
     too_few = (f"{local_world_size} processes on this node but {gpus} GPU(s): NCCL needs one GPU per "
                f"process; start --nproc_per_node={max(gpus, 1)} or use --device cpu")
@@ -258,7 +258,7 @@ def mlp_width(args) -> int:
 
 def build_model(args, shape, classes):
     """shape: one input sample's shape. The MLPs flatten any shape; cnn and resnet18 need (C, H, W)."""
-    if args.model in ("mlp", "wide_mlp"):  # same layers as ddp_lab.models.mlp / wide_mlp
+    if args.model in ("mlp", "wide_mlp"):  # same layers as ddp_lab.lessons.models.mlp / wide_mlp
         width, depth = mlp_width(args), 1 if args.model == "mlp" else 3
         layers, d = [nn.Flatten()], math.prod(shape)
         for _ in range(depth):
@@ -269,7 +269,7 @@ def build_model(args, shape, classes):
         raise UsageError(f"--model {args.model} needs image samples shaped (channels, height, width); "
                          f"this dataset's samples are shaped {tuple(shape)}: use --model mlp")
     c, h, w = shape
-    if args.model == "cnn":  # same layers (and state_dict keys) as ddp_lab.models.cnn
+    if args.model == "cnn":  # same layers (and state_dict keys) as ddp_lab.lessons.models.cnn
         norm = nn.BatchNorm2d if args.batch_norm else (lambda ch: nn.Identity())
         return nn.Sequential(
             nn.Conv2d(c, 32, 3, padding=1), norm(32), nn.ReLU(),

@@ -1,11 +1,12 @@
-"""ddp_lab.accumulation: equivalence, no_sync counting (1 and 2 ranks), AMP + accumulation, LR."""
+"""ddp_lab.lessons.accumulation: equivalence, no_sync counting (1 and 2 ranks), AMP + accumulation, LR."""
 import pytest
 import torch
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab import accumulation as A
-from ddp_lab import data, launch, models, runtime
+from ddp_lab.lessons import accumulation as A
+from ddp_lab.lessons import data, models
+from ddp_lab.engine import launch, runtime
 
 
 def test_effective_batch_and_scaling_rules():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 SCRIPT = Path(launch.script("allreduce_bench.py"))
 

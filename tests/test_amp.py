@@ -1,4 +1,4 @@
-"""ddp_lab.amp: what autocast changes, number ranges, loss scaling, GradScaler, clipping, cost."""
+"""ddp_lab.lessons.amp: what autocast changes, number ranges, loss scaling, GradScaler, clipping, cost."""
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ddp_lab import amp, models
+from ddp_lab.lessons import amp, models
 
 
 def test_census_casts_compute_not_parameters():

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PROGRAMS, processes_with, wait_until
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 COLLECTIVES = PROGRAMS / "hang_collectives.py"
 TRAINING = PROGRAMS / "hang_training.py"

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from ddp_lab import launch
+from ddp_lab.engine import launch
 from ddp_lab.autopsy import collect, diagnose, evidence
 from ddp_lab.autopsy.command import run as cli_run
 

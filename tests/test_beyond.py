@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from ddp_lab import beyond, costmodel, launch
+from ddp_lab.lessons import beyond, costmodel
+from ddp_lab.engine import launch
 
 GB = 1e9
 

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from ddp_lab import beyond_tf
+from ddp_lab.lessons.beyond import tf as beyond_tf
 
 
 def test_every_name_the_survey_uses_has_a_row():

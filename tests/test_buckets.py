@@ -1,7 +1,8 @@
 """Buckets: our assignment rule is DDP's, and the measurements come back whole."""
 import pytest
 
-from ddp_lab import buckets, launch, models
+from ddp_lab.lessons import buckets, models
+from ddp_lab.engine import launch
 
 MB = buckets.MB
 

@@ -1,4 +1,4 @@
-"""Checkpoint functions (ddp_lab.checkpointing) and notebook 06's experiment programs."""
+"""Checkpoint functions (ddp_lab.lessons.checkpointing) and notebook 06's experiment programs."""
 import io
 import os
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab import checkpointing as ck
-from ddp_lab import launch, models, runtime
+from ddp_lab.lessons import checkpointing as ck
+from ddp_lab.engine import launch, runtime
+from ddp_lab.lessons import models
 
 
 def same_weights(a, b) -> bool:
@@ -87,7 +88,7 @@ def test_counted_load_counts_the_file():
 
 
 def test_every_checkpoint_part_matters_and_all_of_them_resume_exactly():
-    from ddp_lab import checkpoint_parts
+    from ddp_lab.lessons.checkpointing import parts as checkpoint_parts
 
     diffs = checkpoint_parts.leave_one_out()["max_abs_diff"]
     assert diffs.pop("nothing") == 0.0

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from ddp_lab import costmodel, ring
+from ddp_lab.lessons import costmodel, ring
 
 ALPHA, BETA = 1.5e-3, 1e-9
 

@@ -1,12 +1,13 @@
-"""ddp_lab.dataparallel: the CPU re-enactment of DataParallel and the byte counts; notebook 01's probe."""
+"""ddp_lab.lessons.dataparallel: the CPU re-enactment of DataParallel and the byte counts; notebook 01's probe."""
 import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from ddp_lab import dataparallel as dpm
-from ddp_lab import launch, models
+from ddp_lab.lessons import dataparallel as dpm
+from ddp_lab.engine import launch
+from ddp_lab.lessons import models
 
 
 def batch(n=60):

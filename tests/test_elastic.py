@@ -1,7 +1,7 @@
-"""ddp_lab.elastic: phases read from records, and no process left when the driving code fails."""
+"""ddp_lab.engine.elastic: phases read from records, and no process left when the driving code fails."""
 import pytest
 
-from ddp_lab import elastic
+from ddp_lab.engine import elastic
 
 from conftest import processes_with, wait_until
 

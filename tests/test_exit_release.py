@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import PROGRAMS
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 PROBE = PROGRAMS / "release_probe.py"
 

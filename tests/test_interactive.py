@@ -13,7 +13,7 @@ import pytest
 from conftest import wait_until
 
 pytest.importorskip("ipyparallel", reason="interactive ranks need ipyparallel")
-from ddp_lab import interactive  # noqa: E402
+from ddp_lab.engine import interactive  # noqa: E402
 
 
 def with_env(value: str, skip=()) -> list:
@@ -88,7 +88,7 @@ def test_engines_that_cannot_start_are_a_clear_error():
 # A stand-in notebook kernel: it runs `body` with `ranks` and writes its progress to files.
 KERNEL = """
 import json, os, signal, sys, time
-from ddp_lab import interactive
+from ddp_lab.engine import interactive
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as a Jupyter kernel does
 here = sys.argv[1]
 def note(name, value=""):
@@ -241,7 +241,7 @@ def px_cells(tmp_path_factory):
     busy = tmp_path_factory.mktemp("px") / "busy"
     kernel, shown = Kernel(), {}
     try:
-        shown["start"] = kernel.run("from ddp_lab import interactive\nranks = interactive.start(nproc=2)")
+        shown["start"] = kernel.run("from ddp_lab.engine import interactive\nranks = interactive.start(nproc=2)")
         shown["rank 1 fails"] = kernel.run('%%px\nprint("before", rank)\nx = 1.0 if rank == 0 else 1 / 0')
         shown["both fail"] = kernel.run("%%px\nraise ValueError(f'bad rank {rank}')")
         cell = kernel.submit(f'%%px\nimport time\nprint("before the stop", rank)\n'
@@ -283,7 +283,7 @@ def test_px_stop_button_keeps_the_last_lines_and_ends_in_one_line(px_cells):
 
 
 def test_failed_on_ranks_names_the_ranks_and_keeps_unshown_errors():
-    from ddp_lab._pxmagic import FailedOnRanks
+    from ddp_lab.engine._pxmagic import FailedOnRanks
     error = interactive.RanksError("x", [(0, "EngineError: engine 0 died"), (1, "ValueError: bad")])
     failed = FailedOnRanks(error, shown={1})
     assert isinstance(failed, interactive.RanksError) and failed.errors == error.errors
@@ -297,7 +297,7 @@ def test_failed_on_ranks_names_the_ranks_and_keeps_unshown_errors():
 
 
 def test_stream_errors_once_drops_only_a_stopped_cells_interrupts():
-    from ddp_lab._pxmagic import stream_errors_once
+    from ddp_lab.engine._pxmagic import stream_errors_once
     passed = []
 
     class Result:  # what stream_output() calls, per engine, for each message a rank sends

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab import launch, ladder
+from ddp_lab.engine import launch
+from ddp_lab.lessons import ladder
 
 
 def test_each_rung_is_a_small_diff_of_the_one_before():

@@ -1,10 +1,10 @@
-"""Notebook 06b shows each rung's key lines first (ddp_lab.ladder.KEYS): they must be in that rung
+"""Notebook 06b shows each rung's key lines first (ddp_lab.lessons.ladder.KEYS): they must be in that rung
 and new in it, so the excerpts cannot drift from the files as the scripts change."""
 import html
 
 import pytest
 
-from ddp_lab import ladder
+from ddp_lab.lessons import ladder
 
 
 @pytest.mark.parametrize("k", range(2, len(ladder.RUNGS) + 1))

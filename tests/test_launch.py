@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PROGRAMS, processes_with, wait_until
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 
 def test_first_launch_collects_records_from_every_rank():

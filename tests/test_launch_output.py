@@ -6,7 +6,7 @@ import time
 import pytest
 
 from conftest import PROGRAMS
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 CHATTY = PROGRAMS / "chatty.py"
 

@@ -6,8 +6,8 @@ peer" or a timeout: those errors are consequences and must never be blamed.
 import pytest
 
 from conftest import PROGRAMS
-from ddp_lab import launch
-from ddp_lab._rootcause import root_cause
+from ddp_lab.engine import launch
+from ddp_lab.engine._rootcause import root_cause
 
 DIES = PROGRAMS / "dies.py"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 SCRIPTS = Path(launch.script("x")).parent
 ALLOWED_TOP = {"torch", "torchvision"} | set(sys.stdlib_module_names)

@@ -1,9 +1,11 @@
-"""ddp_lab.profiling (trace -> step budget), ddp_lab.profiling_model, and nb08_profile on 2 ranks."""
+"""ddp_lab.lessons.profiling (trace -> step budget), ddp_lab.lessons.profiling.model, and nb08_profile on 2 ranks."""
 import json
 
 import pytest
 
-from ddp_lab import launch, profiling, profiling_model as pm
+from ddp_lab.engine import launch
+from ddp_lab.lessons import profiling
+from ddp_lab.lessons.profiling import model as pm
 
 
 def X(name, ts, dur, tid=1, cat="cpu_op"):

@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from ddp_lab import costmodel, profiling, profiling_model as pm
+from ddp_lab.lessons import costmodel, profiling
+from ddp_lab.lessons.profiling import model as pm
 
 
 def test_communication_hides_only_under_backward():

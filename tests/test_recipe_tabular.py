@@ -14,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddp_lab import ladder, launch
+from ddp_lab.lessons import ladder
+from ddp_lab.engine import launch
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "train_ddp.md"
 SCRIPT = Path(launch.script("train_ddp.py"))
@@ -50,7 +51,7 @@ def apply_block(source: str, block: str) -> str:
 
 
 def changed_lines(a: str, b: str) -> int:
-    """Lines added or removed, blank lines not counted (as ddp_lab.ladder counts the rungs' diffs)."""
+    """Lines added or removed, blank lines not counted (as ddp_lab.lessons.ladder counts the rungs' diffs)."""
     diff = difflib.unified_diff(a.splitlines(), b.splitlines(), n=0, lineterm="")
     return sum(1 for d in diff if d[:1] in "+-" and not d.startswith(("+++", "---")) and d[1:].strip())
 

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_lab import launch, ring
+from ddp_lab.engine import launch
+from ddp_lab.lessons import ring
 
 ALGORITHMS = ["ring", "naive", "ring_unchunked"]
 
@@ -112,7 +113,7 @@ def test_static_strip_has_one_panel_per_step_and_the_stepper_builds():
     import matplotlib.pyplot as plt
     import ipywidgets as W
 
-    from ddp_lab import widgets
+    from ddp_lab.lessons import widgets
 
     fig = widgets.ring_strip(n=4)
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import PROGRAMS
-from ddp_lab import launch, runtime
+from ddp_lab.engine import launch, runtime
 
 
 def test_unlaunched_program_is_a_world_of_one(tmp_path):
@@ -31,7 +31,7 @@ def test_collective_timeout_fails_a_lost_rank_loudly(tmp_path):
     prog = tmp_path / "lost.py"
     prog.write_text(
         "import time, torch.distributed as dist\n"
-        "from ddp_lab import runtime\n"
+        "from ddp_lab.engine import runtime\n"
         "with runtime.distributed() as ctx:\n"
         "    if ctx.rank == 0:\n"
         "        dist.barrier()\n"
@@ -55,7 +55,7 @@ def test_a_late_rank_still_joins_under_a_short_collective_timeout(tmp_path):
         "if os.environ['RANK'] == '0':\n"
         "    time.sleep(6)\n"
         "import torch, torch.distributed as dist\n"
-        "from ddp_lab import runtime\n"
+        "from ddp_lab.engine import runtime\n"
         "with runtime.distributed() as ctx:\n"
         "    x = torch.ones(1)\n"
         "    dist.all_reduce(x)\n"

@@ -1,4 +1,4 @@
-"""ddp_lab.sampling, notebook 02's probes and the DataLoader measurement."""
+"""ddp_lab.lessons.sampling, notebook 02's probes and the DataLoader measurement."""
 import math
 import os
 import tempfile
@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from ddp_lab import launch, loading, models, sampling
-from ddp_lab.data import digits_tensors
+from ddp_lab.engine import launch
+from ddp_lab.lessons import loading, models, sampling
+from ddp_lab.lessons.data import digits_tensors
 
 
 @pytest.mark.parametrize("n,W", [(10, 4), (297, 2), (8, 8), (3, 5)])

@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from ddp_lab import listing  # noqa: E402
+from ddp_lab.engine import listing  # noqa: E402
 
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
 SHOWING = {"01_dataparallel_vs_ddp", "02_sampler_and_metrics", "03_ring_allreduce", "05_gradient_accumulation",

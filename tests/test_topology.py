@@ -1,4 +1,4 @@
-from ddp_lab import topology
+from ddp_lab.lessons import topology
 
 
 def test_ranks_are_numbered_node_by_node():

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab import data, launch, models
+from ddp_lab.lessons import data, models
+from ddp_lab.engine import launch
 
 SCRIPT = Path(launch.script("train_ddp.py"))
 # 1500 training digits / 2 ranks / 64 per batch = 12 steps per epoch: 20 steps cross into epoch 1.
@@ -191,9 +192,9 @@ def test_resumable_sampler_is_distributed_sampler_when_nothing_changes():
 
 def test_the_scripts_copies_of_workbook_code_stay_equal(tmp_path, monkeypatch):
     """Deliberate copies (scripts/ must run without ddp_lab): the same behaviour as the original."""
-    from ddp_lab import checkpointing, sampling
+    from ddp_lab.lessons import checkpointing, sampling
     mod = load_module()
-    for n in (297, 10, 3):  # exact evaluation shards: ddp_lab.sampling.exact_shard
+    for n in (297, 10, 3):  # exact evaluation shards: ddp_lab.lessons.sampling.exact_shard
         for world in (1, 2, 3, 5):
             for rank in range(world):
                 got = list(mod.evaluation_loader(list(range(n)), rank, world, 0).dataset.indices)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 SCRIPT = launch.script("train_ddp.py")
 SAMPLE_PROBE = Path(__file__).parent / "programs" / "sample_probe.py"  # logs every sample index used

@@ -1,4 +1,4 @@
-"""Every rung and ddp_lab.runtime bind NCCL to the process's GPU at init: device_id on CUDA, none on CPU.
+"""Every rung and ddp_lab.engine.runtime bind NCCL to the process's GPU at init: device_id on CUDA, none on CPU.
 
 Without device_id, torch's barrier() warns on every NCCL run that it is guessing the device, the very
 warning notebook 07 teaches as the symptom of a missing set_device.
@@ -13,9 +13,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_lab import ladder, runtime
+from ddp_lab.lessons import ladder
+from ddp_lab.engine import runtime
 
-SOURCES = [ladder.path(r) for r in ladder.RUNGS] + [ladder.SCRIPTS.parent / "ddp_lab" / "runtime.py"]
+SOURCES = [ladder.path(r) for r in ladder.RUNGS] + [ladder.SCRIPTS.parent / "ddp_lab" / "engine" / "runtime.py"]
 
 
 def load(path):

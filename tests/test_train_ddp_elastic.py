@@ -7,7 +7,7 @@ import json
 import math
 import os
 
-from ddp_lab import elastic, launch
+from ddp_lab.engine import elastic, launch
 
 from conftest import PROGRAMS
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import PROGRAMS
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 SCRIPT = launch.script("train_ddp.py")
 

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 import torch
 
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 SCRIPT = launch.script("train_ddp.py")
 FAST = ["--epochs", "1", "--max-steps", "2", "--progress", "off"]

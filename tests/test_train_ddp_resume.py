@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 SCRIPT = launch.script("train_ddp.py")
 COMM_PROBE = Path(__file__).parent / "programs" / "comm_probe.py"  # counts DDP's all-reduces

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 SCRIPT = launch.script("train_ddp.py")
 RANK_CWD = Path(__file__).parent / "programs" / "rank_cwd.py"

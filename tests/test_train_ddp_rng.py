@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 # 12 steps per epoch (1500 digits / 2 ranks / 64): saves at 7 and 14, the crash after 15, mid-epoch 1.
 DROPOUT = ["--batch-size", "64", "--max-steps", "20", "--log-every", "5", "--dropout", "0.3",

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conftest import PROGRAMS
-from ddp_lab import launch, ladder
+from ddp_lab.engine import launch
+from ddp_lab.lessons import ladder
 
 
 @pytest.fixture(scope="module")

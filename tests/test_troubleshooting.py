@@ -1,4 +1,4 @@
-"""ddp_lab.troubleshooting: the replica check and the NaN check of notebook 07.
+"""ddp_lab.lessons.troubleshooting: the replica check and the NaN check of notebook 07.
 
 The unit tests need no process group; the program test launches nb07_ddp on 2 ranks and checks
 what the two checks reported there against what each case did to the replicas.
@@ -6,8 +6,8 @@ what the two checks reported there against what each case did to the replicas.
 import torch
 from torch import nn
 
-from ddp_lab import launch
-from ddp_lab.troubleshooting import ReplicaReport, finite_everywhere, replica_check, tensor_hash
+from ddp_lab.engine import launch
+from ddp_lab.lessons.troubleshooting import ReplicaReport, finite_everywhere, replica_check, tensor_hash
 
 
 def test_tensor_hash_sees_the_last_bit_and_the_shape():

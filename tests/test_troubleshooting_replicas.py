@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab import launch, runtime
-from ddp_lab.troubleshooting import replica_check
+from ddp_lab.engine import launch, runtime
+from ddp_lab.lessons.troubleshooting import replica_check
 
 WORLD = 2
 BN_BUFFERS = ["1.running_mean", "1.running_var"]

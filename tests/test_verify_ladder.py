@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab import ladder
+from ddp_lab.lessons import ladder
 from ddp_lab.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -115,7 +115,7 @@ def test_verify_never_changes_the_callers_working_directory(tmp_path, monkeypatc
     import os
     import shutil
 
-    from ddp_lab import launch
+    from ddp_lab.engine import launch
     from ddp_lab.verify import verify
 
     script = tmp_path / "fails.py"  # the cheapest launch: one rank that writes a file, then fails

@@ -1,5 +1,5 @@
 """The ring stepper's caption counts bytes the way the lesson's formula does: per rank."""
-from ddp_lab import widgets
+from ddp_lab.lessons import widgets
 
 
 def test_stepper_caption_counts_per_rank_bytes_as_2_n_minus_1_over_n_times_s():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from ddp_lab import workbook
+from ddp_lab.engine import workbook
 
 
 def _write(path, code):
@@ -52,7 +52,7 @@ def test_make_workbook_end_to_end_on_a_real_notebook(tmp_path):
             cell.outputs, cell.execution_count = [], None
     nbformat.write(nb, src / "solutions" / name)
     out = tmp_path / "build" / "workbook"
-    code = ("import sys; from pathlib import Path; from ddp_lab import workbook; "
+    code = ("import sys; from pathlib import Path; from ddp_lab.engine import workbook; "
             "workbook.NOTEBOOKS = Path(sys.argv[1]); sys.exit(workbook.main(sys.argv[2:]))")
     proc = subprocess.run([sys.executable, "-c", code, str(src), str(out)], capture_output=True, text=True,
                           timeout=600, cwd=Path(workbook.__file__).resolve().parents[1])
@@ -138,7 +138,7 @@ def test_workshop_without_markers_fails_before_executing_anything(tmp_path, caps
 
 
 def test_help_executes_nothing_and_a_notebook_given_as_output_folder_is_refused(tmp_path, capsys, monkeypatch):
-    from ddp_lab import workbook
+    from ddp_lab.engine import workbook
     monkeypatch.chdir(tmp_path)
     assert workbook.main(["--help"]) == 0
     assert "--store" in capsys.readouterr().out
@@ -149,7 +149,7 @@ def test_help_executes_nothing_and_a_notebook_given_as_output_folder_is_refused(
 
 def test_stored_widget_outputs_read_as_a_sentence_not_a_repr():
     import nbformat
-    from ddp_lab import workbook
+    from ddp_lab.engine import workbook
     for path in sorted((workbook.NOTEBOOKS).rglob("*.ipynb")):
         if ".ipynb_checkpoints" in path.parts:
             continue

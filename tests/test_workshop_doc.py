@@ -9,7 +9,7 @@ below while they are being written. The timing cells hold a measured time or a d
 import re
 from pathlib import Path
 
-from ddp_lab import workbook
+from ddp_lab.engine import workbook
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "workshop.md"

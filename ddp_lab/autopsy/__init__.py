@@ -2,7 +2,7 @@
 
     ddp-lab autopsy DIR [--json]     # a folder of per-rank dumps (a cluster job, a SLURM run)
 
-ddp_lab.launch uses it on its own (see docs/autopsy.md):
+ddp_lab.engine.launch uses it on its own (see docs/autopsy.md):
 - _inject/sitecustomize.py  arms each rank through the environment (the program is unchanged);
 - collect.py   the launcher's side: the variables, the request to the live ranks, bounded waits;
 - evidence.py  reads a folder: Flight Recorder dumps, stacks, torchrun's @record error files;

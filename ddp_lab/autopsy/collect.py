@@ -1,6 +1,6 @@
 """The launcher's side of the autopsy: arm the ranks through the environment, ask, read.
 
-ddp_lab.launch creates one Autopsy per launch. Its env() puts ddp_lab/autopsy/_inject first on
+ddp_lab.engine.launch creates one Autopsy per launch. Its env() puts ddp_lab/autopsy/_inject first on
 PYTHONPATH (a sitecustomize that arms each rank: see its docstring) and turns the Flight
 Recorder on; the program itself is not changed. When the job hangs, collect() asks every live
 rank for its stacks and Flight Recorder entries and waits a bounded time; diagnosis() reads

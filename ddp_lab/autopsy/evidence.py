@@ -2,7 +2,7 @@
 
 Understood, in any folder (searched recursively):
 - Flight Recorder dumps: pickled (or JSON) dicts with "entries", one file per rank, its name
-  ending in the rank: `fr_trace_rank_3` (ddp_lab.launch), `nccl_trace_rank_3`
+  ending in the rank: `fr_trace_rank_3` (ddp_lab.engine.launch), `nccl_trace_rank_3`
   (TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE), anything `<prefix><rank>`;
 - what the launcher's injection wrote (ddp_lab/autopsy/_inject): rank{R}.request.json (a live
   stack), rank{R}.exception.json (the traceback a rank died with), rank{R}.exit.json (it

@@ -139,7 +139,7 @@ def comment_after_backslash(script: Script):
 
 @rule("DDP102", "`!torchrun` in a notebook cell: a failed launch does not fail the cell, and the workers "
       "outlive an interrupted or restarted kernel.",
-      fix="launch from Python: ddp_lab.launch.torchrun(...) or subprocess.run([sys.executable, '-m', "
+      fix="launch from Python: ddp_lab.engine.launch.torchrun(...) or subprocess.run([sys.executable, '-m', "
           "'torch.distributed.run', ...], check=True)",
       section="bang", kind="shell")
 def bang_torchrun(script: Script):

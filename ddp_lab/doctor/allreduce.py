@@ -27,7 +27,7 @@ def measure(world: int = 2, backend: str = "gloo", megabytes: float = 16, timeou
     gloo's message); `timeout` only backs that up, generous because importing torch in two fresh
     processes takes seconds on a laptop and much longer on a machine that is busy with other jobs.
     """
-    from ddp_lab.launch import free_port
+    from ddp_lab.engine.launch import free_port
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "ddp_lab.doctor.allreduce", str(r), str(world), str(port),

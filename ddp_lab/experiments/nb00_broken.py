@@ -7,7 +7,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from ddp_lab import runtime
+from ddp_lab.engine import runtime
 
 
 def main(argv=None) -> None:

@@ -10,7 +10,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from ddp_lab import runtime
+from ddp_lab.engine import runtime
 
 
 def main(argv=None):

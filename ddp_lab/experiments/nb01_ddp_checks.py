@@ -27,8 +27,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ddp_lab import buckets, models, runtime
-from ddp_lab.data import digits, digits_tensors
+from ddp_lab.lessons import buckets, models
+from ddp_lab.engine import runtime
+from ddp_lab.lessons.data import digits, digits_tensors
 
 GRAD_BATCH = 64   # global batch of the gradient check; each rank takes half
 BN_STEPS = 30

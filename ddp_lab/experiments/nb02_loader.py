@@ -1,4 +1,4 @@
-"""The survey article's DataLoader knobs, measured (notebook 02); the measurement is ddp_lab.loading.
+"""The survey article's DataLoader knobs, measured (notebook 02); the measurement is ddp_lab.lessons.loading.
 
     python -m ddp_lab.experiments.nb02_loader      # prints the table; no launch needed
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ddp_lab import loading
+from ddp_lab.lessons import loading
 
 
 def main(argv=None) -> None:

@@ -19,8 +19,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from ddp_lab import models, runtime, sampling
-from ddp_lab.data import digits_tensors
+from ddp_lab.lessons import models, sampling
+from ddp_lab.engine import runtime
+from ddp_lab.lessons.data import digits_tensors
 
 FEATURES = 16   # per token, for the straggler part
 

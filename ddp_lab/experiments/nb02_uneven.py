@@ -29,8 +29,9 @@ import torch.nn.functional as F
 from torch.distributed.algorithms import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab import models, runtime
-from ddp_lab.data import digits_tensors
+from ddp_lab.lessons import models
+from ddp_lab.engine import runtime
+from ddp_lab.lessons.data import digits_tensors
 
 BATCH = 32
 VARIANTS = {"divide_by_initial_world_size=True (default)": {},

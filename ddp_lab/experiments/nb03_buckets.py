@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab import buckets, models, runtime
-from ddp_lab.data import digits_tensors
+from ddp_lab.lessons import buckets, models
+from ddp_lab.engine import runtime
+from ddp_lab.lessons.data import digits_tensors
 
 
 def batches(rank, n, batch, seed=0):

@@ -19,7 +19,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ddp_lab import ring, runtime
+from ddp_lab.lessons import ring
+from ddp_lab.engine import runtime
 
 def check(ctx, groups, numel: int) -> None:
     """The hand-built ring against dist.all_reduce, on every ring size N."""

@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb05_lr_scaling
 
-Every run trains ddp_lab.models.mlp on the digits for the same number of epochs (the
+Every run trains ddp_lab.lessons.models.mlp on the digits for the same number of epochs (the
 same samples), under DDP, from the same initial weights, with a cosine schedule:
   base    64 per rank x 2 ranks x K=1 = 128 samples per step, at the base learning rate
   none    128 per rank x 2 ranks x K=2 = 512 per step (4x the batch), base rate, warmup
@@ -23,8 +23,9 @@ from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from ddp_lab import data, models, runtime
-from ddp_lab.accumulation import RULES, GradientAccumulator
+from ddp_lab.lessons import data, models
+from ddp_lab.engine import runtime
+from ddp_lab.lessons.accumulation import RULES, GradientAccumulator
 
 BASE = (64, 1)   # per-rank batch, micro-steps: 128 samples per step on 2 ranks
 BIG = (128, 2)   # 512 samples per step on 2 ranks: 4x the base batch

@@ -20,8 +20,9 @@ import torch.distributed as dist
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab import data, models, runtime
-from ddp_lab.accumulation import (AllReduceCounter, ArticleGradientAccumulator, GradientAccumulator,
+from ddp_lab.lessons import data, models
+from ddp_lab.engine import runtime
+from ddp_lab.lessons.accumulation import (AllReduceCounter, ArticleGradientAccumulator, GradientAccumulator,
                                   survey_article_loop)
 
 VARIANTS = ("engineering", "survey", "fixed", "backward_only")

@@ -24,8 +24,9 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab import checkpointing as ck
-from ddp_lab import models, runtime
+from ddp_lab.lessons import checkpointing as ck
+from ddp_lab.lessons import models
+from ddp_lab.engine import runtime
 
 try:  # public since torch 2.5
     from torch.distributed.tensor import Shard, distribute_tensor

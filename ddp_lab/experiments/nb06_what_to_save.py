@@ -1,4 +1,4 @@
-"""What a checkpoint must hold (notebook 06); the experiment is ddp_lab.checkpoint_parts.
+"""What a checkpoint must hold (notebook 06); the experiment is ddp_lab.lessons.checkpointing.parts.
 
     python -m ddp_lab.experiments.nb06_what_to_save      # one process, about a second
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ddp_lab import checkpoint_parts
+from ddp_lab.lessons.checkpointing import parts as checkpoint_parts
 
 
 def main(argv=None) -> None:

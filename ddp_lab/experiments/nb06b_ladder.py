@@ -14,7 +14,8 @@ import importlib.util
 import os
 from pathlib import Path
 
-from ddp_lab import ladder, runtime
+from ddp_lab.lessons import ladder
+from ddp_lab.engine import runtime
 
 
 def load(rung):

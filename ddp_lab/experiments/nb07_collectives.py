@@ -22,7 +22,7 @@ starts on a new group. The cases, in order:
 With --abort, last: the 4 vs 8 all_reduce on plain gloo, which gloo cannot survive.
 
 With --dumps DIR, each rank leaves what a hung job leaves for `ddp-lab autopsy` in DIR/<case>/,
-the files ddp_lab.launch's autopsy writes when a rank dies of an exception: torch's Flight
+the files ddp_lab.engine.launch's autopsy writes when a rank dies of an exception: torch's Flight
 Recorder dump (the case's group only) and the traceback it raised (rank{R}.exception.json), or,
 for a rank that raised nothing, where it was instead (rank{R}.request.json).
 """
@@ -36,8 +36,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ddp_lab import runtime
-from ddp_lab.troubleshooting import LATE_RANK
+from ddp_lab.engine import runtime
+from ddp_lab.lessons.troubleshooting import LATE_RANK
 
 CASE_TIMEOUT = datetime.timedelta(seconds=3)
 

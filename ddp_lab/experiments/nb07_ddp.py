@@ -20,7 +20,7 @@ raises and records it (kind="case"), so one launch shows them all:
                    rank) and by the gradient norm (no extra collective)
 
 The models TwoHeads (an auxiliary head used on even steps) and Twice (a layer in two
-checkpointed blocks) are in ddp_lab.troubleshooting, where the notebook reads their parameters.
+checkpointed blocks) are in ddp_lab.lessons.troubleshooting, where the notebook reads their parameters.
 """
 import argparse
 import datetime
@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab import runtime
-from ddp_lab.troubleshooting import Twice, TwoHeads, finite_everywhere, replica_check
+from ddp_lab.engine import runtime
+from ddp_lab.lessons.troubleshooting import Twice, TwoHeads, finite_everywhere, replica_check
 
 ALIVE = []  # weak references to every DDP model built
 DEPTH = 40  # layers of the model timed with and without find_unused_parameters

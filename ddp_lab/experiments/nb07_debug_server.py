@@ -22,7 +22,7 @@ import urllib.request
 import torch
 import torch.distributed as dist
 
-from ddp_lab import runtime
+from ddp_lab.engine import runtime
 
 
 def elsewhere(release: str) -> None:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab import runtime
+from ddp_lab.engine import runtime
 
 
 def train(rank: int, steps: int = 6, log_every: int = 3) -> None:

@@ -14,7 +14,7 @@ trained on random 8x8 images with a fixed global batch split over the N ranks.
 - profiling: --profile steps per configuration under torch.profiler; one Chrome trace per rank
   in OUT/{model}_n{N}/rank{R}.json ("profiled" records give each step's perf_counter time).
   Phases are marked with record_function (ddp_lab/step, /data, /forward, /backward,
-  /optimizer), as ddp_lab.profiling expects.
+  /optimizer), as ddp_lab.lessons.profiling expects.
 - --straggler-ms: the small model on 2 ranks, rank 1 sleeping that long in its data loading
   (OUT/straggler_n2/); --logging: three ways to log the loss, on 2 ranks, in interleaved
   rounds; --sweep: dist.all_reduce on 2 ranks at a few sizes, for the alpha-beta fit.
@@ -32,7 +32,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ddp_lab import models, runtime
+from ddp_lab.lessons import models
+from ddp_lab.engine import runtime
 
 MARK = "ddp_lab/"
 MODELS = {"small": lambda: models.mlp(hidden=64), "wide": lambda: models.wide_mlp(width=1024, depth=3)}

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab import runtime
-from ddp_lab.beyond import Group
+from ddp_lab.engine import runtime
+from ddp_lab.lessons.beyond import Group
 
 
 def digest(tensors) -> str:
@@ -38,7 +38,7 @@ def optim_digest(optimizer) -> str:
 
 
 def run_all(grp):
-    """Every pair on the ranks of grp (a ddp_lab.beyond.Group: a job of its own inside a launch)."""
+    """Every pair on the ranks of grp (a ddp_lab.lessons.beyond.Group: a job of its own inside a launch)."""
     torch.manual_seed(grp.rank)  # the survey-style per-rank seed, on purpose  # ddp-lab: ignore[DDP006]
     model = nn.Linear(8, 4)
     before = digest(model.parameters())

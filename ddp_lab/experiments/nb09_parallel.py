@@ -22,8 +22,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from ddp_lab import runtime
-from ddp_lab.beyond import Group
+from ddp_lab.engine import runtime
+from ddp_lab.lessons.beyond import Group
 
 D, H, BATCH, MICRO = 16, 64, 8, 4
 
@@ -129,7 +129,7 @@ def cpu_support(grp):
 
 
 def run_all(grp):
-    """Every demo on the ranks of grp (a ddp_lab.beyond.Group: a job of its own inside a launch)."""
+    """Every demo on the ranks of grp (a ddp_lab.lessons.beyond.Group: a job of its own inside a launch)."""
     tensor_demo(grp)
     cpu_support(grp)
     if grp.world_size == 2:

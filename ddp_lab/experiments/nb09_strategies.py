@@ -8,7 +8,7 @@ Two jobs in one launch (starting processes is the slow part on a laptop):
          tensor and pipeline parallelism and the TensorFlow/Horovod pairs are notebook 09b's
          (nb09b_parallelisms)
   job 2  all ranks: the three strategies again, then the checkpoint of job 1 loaded (resharded)
-Each strategy trains ddp_lab.beyond.build_model() for STEPS steps on the same global batches (each
+Each strategy trains ddp_lab.lessons.beyond.build_model() for STEPS steps on the same global batches (each
 rank its slice), with Adam, and records (kind="strategy", world = the job's size, rank within it):
   losses     the global mean loss of every step
   bytes      this rank's bytes of parameters, gradients and optimizer state, summed over the
@@ -38,8 +38,8 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
 
-from ddp_lab import runtime
-from ddp_lab.beyond import LR, STEPS, Group, build_model, global_batch
+from ddp_lab.engine import runtime
+from ddp_lab.lessons.beyond import LR, STEPS, Group, build_model, global_batch
 from ddp_lab.experiments import nb09_parallel
 
 COMM = {"on": False, "calls": []}  # collectives called while "on": (op, payload bytes)

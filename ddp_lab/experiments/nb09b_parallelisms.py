@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from ddp_lab import runtime
-from ddp_lab.beyond import Group
+from ddp_lab.engine import runtime
+from ddp_lab.lessons.beyond import Group
 from ddp_lab.experiments import nb09_pairs, nb09_parallel
 from ddp_lab.experiments.nb09_parallel import BATCH, MICRO, D, H, gloo_ops
 

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab import runtime
+from ddp_lab.engine import runtime
 
 GLOBAL_BATCH, FEATURES = 48, 16
 

@@ -4,7 +4,7 @@
     grade.check("03.5", ring_allreduce_mean)   # passed, or what differs and the likely fix
     grade.progress()                           # which exercises of which notebook pass
 
-An answer that needs ranks runs in one short launch (ddp_lab.launch, 2-3 processes) and is
+An answer that needs ranks runs in one short launch (ddp_lab.engine.launch, 2-3 processes) and is
 compared with a reference the grader computes itself; the others run in the kernel.
 Results are kept in ~/.ddp_lab/grades.json (DDP_LAB_GRADES names another file).
 """
@@ -68,7 +68,7 @@ def _in_kernel(exercise, answer) -> dict:
 
 def _on_ranks(nproc: int, jobs: list) -> dict:
     """{label: {rank: observations}}; a launch that stopped after a failed job is resumed."""
-    from ddp_lab import launch
+    from ddp_lab.engine import launch
     done: dict = {}
     while jobs:
         results, failure = _launch(nproc, jobs, launch)

@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ddp_lab import runtime
+from ddp_lab.engine import runtime
 from ddp_lab.grade import core, exercises  # noqa: F401  (exercises fills core.REGISTRY)
 
 

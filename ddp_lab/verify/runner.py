@@ -1,4 +1,4 @@
-"""Run a script on CPU ranks through ddp_lab.launch with the observer armed, then compare.
+"""Run a script on CPU ranks through ddp_lab.engine.launch with the observer armed, then compare.
 
 The script runs unchanged, with its working directory in a scratch folder (whatever it writes
 stays there). Each simulated node runs one rank, so LOCAL_RANK is 0 on every rank while RANK is
@@ -93,7 +93,7 @@ def verify(script, args=(), nproc: int = 2, steps: int | None = None, uneven: bo
 
 def launch_observed(path, args, world, records_dir, work, timeout, pg_timeout, extra_env=None):
     """One launch of the script with the observer armed: (records by rank, LaunchError or None, seconds)."""
-    from ddp_lab import launch
+    from ddp_lab.engine import launch
     # Each rank moves into `work` itself (the observer, at its start), so the script's own files land
     # in the scratch folder while this process's working directory, the caller's, never changes.
     env = {"DDP_LAB_VERIFY_DIR": str(records_dir), "DDP_LAB_VERIFY_PG_TIMEOUT": str(pg_timeout),

@@ -55,7 +55,7 @@ def lab(tmp_path_factory):
     """A JupyterLab server rooted at the repository, with a token, on a free port."""
     if _missing():
         pytest.skip(_missing())
-    from ddp_lab.launch import free_port
+    from ddp_lab.engine.launch import free_port
     home = tmp_path_factory.mktemp("lab")
     for name, value in SETTINGS.items():
         (home / "settings" / name).parent.mkdir(parents=True, exist_ok=True)

@@ -186,7 +186,7 @@ def test_stop_button_shows_one_short_message(open_notebook, tmp_path):
     page = open_notebook("notebooks/00_first_launch.ipynb")
     marker = tmp_path / "stop-marker"
     n = len(page.sources())
-    source = ("from ddp_lab import launch\n"
+    source = ("from ddp_lab.engine import launch\n"
               f"launch.torchrun({str(ROOT / 'tests/programs/sleeper.py')!r}, nproc=2, args=[{str(marker)!r}])")
     cell = json.dumps({"cell_type": "code", "source": source})
     page.js(f"window.jupyterapp.shell.currentWidget.content.model.sharedModel.insertCell({n}, {cell})")
@@ -212,7 +212,7 @@ def test_px_error_shows_once_per_rank_and_stop_keeps_the_last_lines(open_noteboo
     """Live ranks (notebook 01b's %%px): a rank's error shows once, short; a stop loses no line."""
     page = open_notebook("notebooks/00_first_launch.ipynb")
     busy = tmp_path / "busy"
-    cells = ["from ddp_lab import interactive\nranks = interactive.start(nproc=2)",
+    cells = ["from ddp_lab.engine import interactive\nranks = interactive.start(nproc=2)",
              '%%px\nprint("before", rank)\nx = 1.0 if rank == 0 else 1 / 0',
              f'%%px\nimport time\nprint("before the stop", rank)\n'
              f'open({str(busy)!r} + str(rank), "w").close()\ntime.sleep(600)',

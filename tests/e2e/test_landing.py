@@ -29,7 +29,7 @@ WORKSPACE = ROOT / ".jupyter-lab" / "default-37a8.jupyterlab-workspace"
 @pytest.fixture
 def make_lab(tmp_path):
     """`make lab` on a free port; yields (base URL, token, the lab's workspaces folder, home)."""
-    from ddp_lab.launch import free_port
+    from ddp_lab.engine.launch import free_port
     for name, value in SETTINGS.items():  # autosave off: the test must not write notebook 00
         (tmp_path / "settings" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "settings" / name).write_text(json.dumps(value))

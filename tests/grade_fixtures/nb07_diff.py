@@ -1,7 +1,7 @@
 """07.1: a right diff_tensors and the wrong ones, each with the hint it must get."""
 import torch
 
-from ddp_lab import troubleshooting
+from ddp_lab.lessons import troubleshooting
 
 BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 

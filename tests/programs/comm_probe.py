@@ -1,5 +1,5 @@
 """Runs a program's main() with every DDP model counting its gradient all-reduces
-(ddp_lab.accumulation.AllReduceCounter, the counter notebook 05 uses), and prints the count:
+(ddp_lab.lessons.accumulation.AllReduceCounter, the counter notebook 05 uses), and prints the count:
 
     torchrun ... comm_probe.py SCRIPT -- ARGS...      ->  "COMM {"rank": R, "calls": N}"
 
@@ -13,7 +13,7 @@ import sys
 import torch.nn.parallel
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_lab.accumulation import AllReduceCounter
+from ddp_lab.lessons.accumulation import AllReduceCounter
 
 script, argv = sys.argv[1], sys.argv[sys.argv.index("--") + 1:]
 counters = []

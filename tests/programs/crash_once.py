@@ -1,7 +1,7 @@
 """Dies on the first attempt, succeeds on the restart (max_restarts)."""
 import os
 
-from ddp_lab import runtime
+from ddp_lab.engine import runtime
 
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 with runtime.distributed() as ctx:

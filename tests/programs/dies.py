@@ -8,7 +8,7 @@ skips the loss all_reduce once, so rank 0's next collective meets rank 1's gradi
 bucket and gloo aborts rank 0: the ranks' collectives no longer match).
 
 exit-at-once: a rank whose collective fails prints its traceback and exits at once
-(as ddp_lab.runtime does) instead of lingering until torchrun stops it. Then both
+(as ddp_lab.engine.runtime does) instead of lingering until torchrun stops it. Then both
 deaths often land in the same torchrun poll and second, and torchrun's "Root Cause"
 block names the rank with the "Connection reset" instead of the one that died first.
 

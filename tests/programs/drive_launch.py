@@ -2,7 +2,7 @@
 import signal
 import sys
 
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 # A Jupyter kernel turns SIGINT into KeyboardInterrupt. Do the same explicitly: a process
 # started in the background by a shell inherits SIGINT as *ignored*, and Python keeps that.

@@ -3,7 +3,7 @@ import os
 
 import torch
 
-from ddp_lab import runtime
+from ddp_lab.engine import runtime
 
 with runtime.distributed() as ctx:
     ctx.record(kind="env", omp=os.environ.get("OMP_NUM_THREADS"), threads=torch.get_num_threads(),

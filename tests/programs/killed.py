@@ -2,7 +2,7 @@
 import os
 import signal
 
-from ddp_lab import runtime
+from ddp_lab.engine import runtime
 
 with runtime.distributed() as ctx:
     if ctx.rank == 1:

@@ -2,7 +2,7 @@
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab import runtime
+from ddp_lab.engine import runtime
 
 
 def work(ctx):

@@ -3,7 +3,7 @@ import os
 import sys
 import time
 
-from ddp_lab import runtime
+from ddp_lab.engine import runtime
 
 with runtime.distributed() as ctx:
     ctx.record(kind="pid", pid=os.getpid(), ppid=os.getppid())

@@ -7,7 +7,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ddp_lab import runtime
+from ddp_lab.engine import runtime
 
 
 def slow_hook(etype, value, tb, default=sys.excepthook):

@@ -1,1 +1,1 @@
-"""Put on PYTHONPATH by ddp_lab.launch (not imported as a package): see sitecustomize.py."""
+"""Put on PYTHONPATH by ddp_lab.engine.launch (not imported as a package): see sitecustomize.py."""

@@ -1,6 +1,6 @@
 """Arms a torchrun worker for a hang autopsy; does nothing unless DDP_LAB_AUTOPSY_DIR is set.
 
-ddp_lab.launch puts this folder first on PYTHONPATH, so Python imports this file at startup in
+ddp_lab.engine.launch puts this folder first on PYTHONPATH, so Python imports this file at startup in
 every process of the job, before the user's program (which stays unchanged). In a rank (RANK is
 set) it writes nothing until asked, and then only into $DDP_LAB_AUTOPSY_DIR:
 

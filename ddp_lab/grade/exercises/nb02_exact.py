@@ -22,7 +22,7 @@ def on_rank(answer, rank, world):
 
 
 def _finding(c):
-    from ddp_lab import sampling
+    from ddp_lab.lessons import sampling
     n, w, shuffle, (first, second) = c["n"], c["w"], c["shuffle"], c["epochs"]
     flat = [i for shard in first for i in shard]
     twice, missing = len(flat) - len(set(flat)), sorted(set(range(n)) - set(flat))

@@ -1,6 +1,6 @@
 """03.6: the bytes each rank of a chunked ring sends, exactly; graded in the kernel.
 
-The reference is the ring simulated message by message (ddp_lab.ring.simulate), not a formula.
+The reference is the ring simulated message by message (ddp_lab.lessons.ring.simulate), not a formula.
 """
 from ddp_lab.grade.core import Exercise, register
 
@@ -13,7 +13,7 @@ def on_rank(answer, rank, world):
 
 def judge(per_rank):
     import numpy as np
-    from ddp_lab import ring
+    from ddp_lab.lessons import ring
     problems = []
     for numel, n, got in per_rank[0]["cases"]:
         sim = ring.simulate([np.zeros(numel, dtype=np.float32)] * n, "ring").bytes_sent

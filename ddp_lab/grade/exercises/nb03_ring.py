@@ -53,7 +53,7 @@ def on_rank(answer, rank, world):
 
 def judge(per_rank):
     import numpy as np
-    from ddp_lab import ring
+    from ddp_lab.lessons import ring
     problems = []
     for r, o in sorted(per_rank.items()):
         out, ref, mine, n = np.array(o["out"]), np.array(o["reference"]), np.array(o["input"]), o["world"]

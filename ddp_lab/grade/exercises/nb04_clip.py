@@ -11,7 +11,7 @@ MAX_NORM, LR, SCALE, OVERFLOW_SCALE = 0.1, 0.1, 2.0 ** 16, 2.0 ** 40
 
 def _step(answer, init_scale):
     import torch
-    from ddp_lab import data, models
+    from ddp_lab.lessons import data, models
     X, Y = data.digits_tensors("train")
     torch.manual_seed(0)
     model = models.mlp()

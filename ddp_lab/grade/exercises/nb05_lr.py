@@ -1,6 +1,6 @@
 """05.5: the learning rate for K micro-steps on N ranks; graded in the kernel.
 
-The reference is the lesson's ddp_lab.accumulation.scaled_lr: the batch behind one optimizer step
+The reference is the lesson's ddp_lab.lessons.accumulation.scaled_lr: the batch behind one optimizer step
 is per-rank batch x ranks x micro-steps; SGD scales the learning rate linearly with its growth
 (Goyal et al. 2017), Adam-family optimizers by its square root (Malladi et al. 2022).
 """
@@ -30,7 +30,7 @@ def on_rank(answer, rank, world):
 
 
 def judge(per_rank):
-    from ddp_lab import accumulation as A
+    from ddp_lab.lessons import accumulation as A
     cases = [(tuple(c), got) for c, got in per_rank[0]["cases"]]
     close = lambda x, y: abs(x - y) <= 1e-9 * max(1.0, abs(y))  # noqa: E731
     culprit = next((w for f, w in WRONG if all(close(got, f(*c)) for c, got in cases)), None)

@@ -26,7 +26,7 @@ MESSAGE = (
 def _cases():
     """[(case, model, rank, names DDP did not get a gradient for)], models built here."""
     from torch import nn
-    from ddp_lab.troubleshooting import TwoHeads
+    from ddp_lab.lessons.troubleshooting import TwoHeads
     frozen_body = TwoHeads()
     frozen_body.body.requires_grad_(False)  # fine-tuning the heads only
     experts = nn.ModuleDict({"proj": nn.Linear(10, 8), "gate": nn.Linear(8, 3),

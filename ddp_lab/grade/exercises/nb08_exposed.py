@@ -1,6 +1,6 @@
 """08.4: exposed communication time from the buckets' all-reduce intervals; graded in the kernel.
 
-The reference is the lesson's own interval arithmetic (ddp_lab.profiling.subtract and length),
+The reference is the lesson's own interval arithmetic (ddp_lab.lessons.profiling.subtract and length),
 the code that profiling.budget uses on real traces.
 """
 from ddp_lab.grade.core import Exercise, register
@@ -14,7 +14,7 @@ CASES = [((0.0, 6.0), [(3.0, 8.0)]),
 
 
 def _reference(backward, buckets):
-    from ddp_lab import profiling
+    from ddp_lab.lessons import profiling
     return profiling.length(profiling.subtract(buckets, [backward]))
 
 

@@ -1,6 +1,6 @@
 """08.5: exposed communication predicted from bucket sizes and the ring model; graded in the kernel.
 
-The reference is the lesson's model, ddp_lab.profiling_model.comm_exposed with overlap 1: each
+The reference is the lesson's model, ddp_lab.lessons.profiling.model.comm_exposed with overlap 1: each
 bucket's all-reduce costs notebook 03's ring time, starts once its last gradient appears (gradients
 appear at a steady rate over backward) and the previous all-reduce is done.
 """
@@ -44,7 +44,7 @@ def on_rank(answer, rank, world):
 
 
 def judge(per_rank):
-    from ddp_lab import profiling_model as pm
+    from ddp_lab.lessons.profiling import model as pm
     cases = [(tuple(c), got) for c, got in per_rank[0]["cases"]]
     close = lambda x, y: abs(x - y) <= 1e-9 + 1e-6 * abs(y)  # noqa: E731
     culprit = next((w for f, w in WRONG if all(close(got, f(*c)) for c, got in cases)), None)

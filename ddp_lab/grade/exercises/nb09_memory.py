@@ -1,6 +1,6 @@
 """09.6: persistent bytes per device under DDP and ZeRO-1/2/3; graded in the kernel.
 
-The reference is the lesson's calculator, ddp_lab.beyond.per_device, which tests/test_beyond.py
+The reference is the lesson's calculator, ddp_lab.lessons.beyond.per_device, which tests/test_beyond.py
 checks against the ZeRO paper's own figure (7.5B parameters on 64 GPUs: 120, 31.4, 16.6, 1.9 GB).
 """
 from ddp_lab.grade.core import Exercise, register
@@ -32,7 +32,7 @@ def on_rank(answer, rank, world):
 
 
 def judge(per_rank):
-    from ddp_lab import beyond
+    from ddp_lab.lessons import beyond
     rows = [(tuple(c), s, got) for c, s, got in per_rank[0]["cases"]]
     close = lambda x, y: abs(x - y) <= 1e-6 * abs(y) + 1  # noqa: E731  (bytes)
     culprit = next((w for f, w in WRONG if all(close(got, f(*c, s)) for c, s, got in rows)), None)

@@ -1,6 +1,6 @@
 """What a checkpoint must hold: leave one part out and the resumed run is no longer exact.
 
-    from ddp_lab import checkpoint_parts
+    from ddp_lab.lessons.checkpointing import parts as checkpoint_parts
     result = checkpoint_parts.leave_one_out()   # one process, about a second
     result["max_abs_diff"]                      # {"nothing": 0.0, "model": ..., "rng": ...}
 
@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from ddp_lab import checkpointing as ck
-from ddp_lab import data
+from ddp_lab.lessons import checkpointing as ck
+from ddp_lab.lessons import data
 
 BATCH, TOTAL, SPLIT = 100, 20, 12  # 15 steps per epoch: the resumed part crosses an epoch
 LEAVE_OUT = {"nothing": (), "model": ("model",), "optimizer": ("optimizer",),

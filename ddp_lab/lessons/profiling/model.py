@@ -1,13 +1,13 @@
 """A scaling model for DDP: step time = work that divides + work that does not + exposed comm.
 
-    from ddp_lab import profiling_model as pm
+    from ddp_lab.lessons.profiling import model as pm
     pm.predict(parts_1, n=4, nbytes=8.7e6, buckets=2, alpha=a, beta=b, overlap=0.4)
     pm.cluster(params=25.6e6, n=8, link="100 Gb/s Ethernet", compute_ms=200, overlap=0.7)
 
 With a fixed global batch split over N ranks (strong scaling), each rank's forward, backward
 and data loading shrink like 1/N; the optimizer step does not (every rank updates the whole
 model), nor does the per-step overhead. Communication is the ring all-reduce of the gradients
-(ddp_lab.costmodel, alpha-beta), one call per bucket.
+(ddp_lab.lessons.costmodel, alpha-beta), one call per bucket.
 
 Communication can only hide under backward, and only after its bucket is full. Gradients appear
 at a steady rate during backward, last layers first; DDP's first bucket is small (1 MB), the
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from ddp_lab import costmodel
+from ddp_lab.lessons import costmodel
 
 DIVIDES = ("data", "forward", "backward")      # per-rank work that shrinks with the batch shard
 FIXED = ("optimizer", "other")                  # the same on every rank, whatever N is

@@ -1,6 +1,6 @@
 """All-reduce, step by step: a simulation you can read, and the same ring on real processes.
 
-    from ddp_lab import ring
+    from ddp_lab.lessons import ring
     sim = ring.simulate([t0, t1, t2, t3], algorithm="ring")
     sim.outputs          # what every rank holds at the end (the elementwise sum)
     sim.bytes_sent       # bytes each rank put on the wire
@@ -16,7 +16,7 @@ Three algorithms:
   all-gather (N-1 steps). Each rank sends 2(N-1)/N*S: almost independent of N.
 
 A step is one round in which every sender can talk at once (one message per
-link), so time is about (steps * alpha + bytes per step * beta): see ddp_lab.costmodel.
+link), so time is about (steps * alpha + bytes per step * beta): see ddp_lab.lessons.costmodel.
 all_reduce_p2p() runs the chunked ring with torch.distributed send/recv.
 """
 from __future__ import annotations

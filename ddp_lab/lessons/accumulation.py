@@ -207,7 +207,7 @@ def amp_accumulation_trace(accumulation_steps: int = 4, windows: int = 4, inf_at
     Also returns the first window's unscaled gradients for comparison with
     one fp32 batch of K x micro_batch samples.
     """
-    from ddp_lab import amp, data, models
+    from ddp_lab.lessons import amp, data, models
 
     X, Y = data.digits_tensors("train")
     torch.manual_seed(seed)

@@ -1,9 +1,9 @@
 """Render every notebook, executed top to bottom, to HTML handouts.
 
-    python -m ddp_lab.workbook build/workbook        # what `make workbook` runs
-    python -m ddp_lab.workbook build/workbook --store                        # and keep the outputs
-    python -m ddp_lab.workbook build/workbook --store notebooks/08_profiling.ipynb   # just these
-    python -m ddp_lab.workbook build/workbook --store --workshop docs/workshop.md    # and its timing table
+    python -m ddp_lab.engine.workbook build/workbook        # what `make workbook` runs
+    python -m ddp_lab.engine.workbook build/workbook --store                        # and keep the outputs
+    python -m ddp_lab.engine.workbook build/workbook --store notebooks/08_profiling.ipynb   # just these
+    python -m ddp_lab.engine.workbook build/workbook --store --workshop docs/workshop.md    # and its timing table
 
 Writes one HTML file per notebook (solutions too) and an index.html listing each
 lesson with the time its execution took on this machine, for planning a workshop.
@@ -32,7 +32,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 START, END = "<!-- timings:start -->", "<!-- timings:end -->"
 TABLE_HEADER = ["| notebook | topic | executes in | measured on |", "|---|---|---|---|"]
 
@@ -133,7 +133,7 @@ def update_timing_table(text: str, timings: dict) -> str:
 
 def main(argv: list[str]) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m ddp_lab.workbook", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ddp_lab.engine.workbook", description=__doc__.split("\n")[0])
     ap.add_argument("out_dir", nargs="?", default="build/workbook", help="where the HTML handouts go")
     ap.add_argument("notebooks", nargs="*", help="only these notebooks (default: every lesson and solution)")
     ap.add_argument("--store", action="store_true", help="write each executed notebook back over its .ipynb")
@@ -153,7 +153,7 @@ def main(argv: list[str]) -> int:
             return 2
     if Path(args[0]).suffix == ".ipynb":
         print(f"error: the first argument is the output folder, not a notebook: "
-              f"python -m ddp_lab.workbook build/workbook {args[0]}", file=sys.stderr)
+              f"python -m ddp_lab.engine.workbook build/workbook {args[0]}", file=sys.stderr)
         return 2
     out_dir = Path(args[0])
     out_dir.mkdir(parents=True, exist_ok=True)

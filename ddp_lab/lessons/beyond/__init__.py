@@ -1,6 +1,6 @@
 """Memory arithmetic for data parallelism: DDP, ZeRO-1/2/3 and FSDP (notebook 09).
 
-    from ddp_lab import beyond
+    from ddp_lab.lessons import beyond
     r = beyond.RECIPES["torch amp+adam"]             # bytes per parameter, by kind
     beyond.per_device(7e9, world=8, strategy="zero3", recipe=r)    # bytes on one device
     print(beyond.table([1e9, 7e9], world=8))          # the static table (handouts, nbval)
@@ -306,7 +306,7 @@ class Group:
     """Some ranks of a launch working as a job of their own: notebook 09 runs a 2-rank job inside
     a 4-process launch (one launch costs less than two on a small machine). rank and world_size
     are within the group; records say both, so they read like the records of a 2-rank launch."""
-    ctx: object                # ddp_lab.runtime.Context of the launch
+    ctx: object                # ddp_lab.engine.runtime.Context of the launch
     pg: object = None          # the group's ProcessGroup; None: every rank of the launch
     rank: int = 0
     world_size: int = 1

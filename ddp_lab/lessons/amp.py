@@ -1,6 +1,6 @@
 """Mixed precision, made visible (notebook 04).
 
-    from ddp_lab import amp
+    from ddp_lab.lessons import amp
     amp.dtype_census(model, x, torch.bfloat16)      # which layers ran in bf16, which in fp32
     amp.ranges()                                    # fp32 / fp16 / bf16: max, smallest, eps
     amp.underflow_demo()                            # a gradient fp16 loses, loss scaling keeps
@@ -121,7 +121,7 @@ def scaler_trace(steps: int = 40, inf_at=(8,), init_scale: float = 2.0 ** 16,
     (parameters changed) and the scale after update(). growth_interval is
     shortened from the default 2000 so the regrowth fits in a plot.
     """
-    from ddp_lab import data, models
+    from ddp_lab.lessons import data, models
 
     torch.manual_seed(seed)
     X, Y = data.digits_tensors("train")
@@ -156,7 +156,7 @@ def clip_demo(max_norm: float = 0.1, init_scale: float = 2.0 ** 16, lr: float = 
     no_unscale: clip the *scaled* gradient, whose norm is `scale` times too big.
     Returns the norm clip_grad_norm_ saw and the size of the update each way.
     """
-    from ddp_lab import data, models
+    from ddp_lab.lessons import data, models
 
     X, Y = data.digits_tensors("train")
     x, y = X[:64], Y[:64]

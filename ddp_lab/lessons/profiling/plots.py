@@ -1,10 +1,10 @@
-"""Figures for notebook 08, drawn from parsed traces (ddp_lab.profiling) and measured times."""
+"""Figures for notebook 08, drawn from parsed traces (ddp_lab.lessons.profiling) and measured times."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ddp_lab import profiling
+from ddp_lab.lessons import profiling
 
 COLORS = {"data": "#4C72B0", "forward": "#55A868", "backward": "#8FBC8F", "backward span": "#E5F2E5",
           "optimizer": "#8172B3", "all-reduce": "#C44E52", "exposed comm": "#C44E52", "other": "#BBBBBB"}

@@ -1,6 +1,6 @@
 """The survey article's DataLoader knobs, measured on a loader with a deliberately slow transform.
 
-    from ddp_lab import loading
+    from ddp_lab.lessons import loading
     results = loading.measure_all()          # one dict per configuration in CONFIGS
     loading.serial_estimate_s()              # loading then stepping, one after the other
 

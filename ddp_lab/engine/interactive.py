@@ -1,6 +1,6 @@
 """Persistent ranks you can talk to from a notebook: one DDP process group, cell by cell.
 
-    from ddp_lab import interactive
+    from ddp_lab.engine import interactive
     ranks = interactive.start(nproc=2)     # N ipyparallel engines, joined into one process group
     %%px                                   # a cell that runs on every rank (rank, world_size,
     print(rank, dist.get_world_size())     # device, torch and dist are already defined there)
@@ -9,16 +9,16 @@
     ranks.side_by_side("x.sum()", "x")     # a table: one row per expression, one column per rank
     ranks.stop()                           # every engine process ends
 
-A launch (ddp_lab.launch) runs a program to the end; these ranks stay up between cells,
+A launch (ddp_lab.engine.launch) runs a program to the end; these ranks stay up between cells,
 so you can stop in the middle of a DDP step and ask rank 1 what its gradient is.
 The engines join a gloo process group on CPU (NCCL, one GPU each, when every rank has
 one), with a timeout, so a collective that only some ranks call fails instead of hanging.
 
 Process hygiene is the launcher's: `ipcluster` runs under the same guardian
-(ddp_lab._reaper), which kills the whole tree on stop(), when the kernel is restarted
+(ddp_lab.engine._reaper), which kills the whole tree on stop(), when the kernel is restarted
 or killed, and when the cluster fails. The stop button interrupts what the ranks are
 running (they stay up, idle); an interrupt while they start stops them all.
-A %%px cell (ddp_lab._pxmagic) streams what each rank prints, shows a rank's error once, short,
+A %%px cell (ddp_lab.engine._pxmagic) streams what each rank prints, shows a rank's error once, short,
 and keeps the lines a rank printed just before the cell ended or was stopped.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ddp_lab.launch import ROOT, _kill_all, free_port
+from ddp_lab.engine.launch import ROOT, _kill_all, free_port
 
 START_TIMEOUT_S = 180   # a loaded 2-core machine took 20 s for two ranks; a dead one never ends
 RANKS_ENV = "DDP_LAB_RANKS"  # environment variable: the cluster id, in every engine's environment
@@ -105,7 +105,7 @@ get_ipython().InteractiveTB.set_mode("Plain")  # a rank's error: each frame in t
 
 def _pick_backend(nproc: int, backend: str | None) -> str:
     """The launcher's rule (runtime.pick_backend): NCCL only with a GPU for every rank."""
-    from ddp_lab import runtime
+    from ddp_lab.engine import runtime
     return backend or runtime.pick_backend(local_world_size=nproc)[0]
 
 
@@ -241,7 +241,7 @@ def start(nproc: int = 2, backend: str | None = None, timeout: float = START_TIM
     env[RANKS_ENV] = cluster_id  # every process of these ranks carries it: easy to find them all
     env["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // nproc))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "ddp_lab._reaper", str(os.getpid()), "--",
+    cmd = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
            sys.executable, "-m", "ipyparallel.cluster", "start", f"--n={nproc}",
            f"--profile-dir={profile}", f"--cluster-id={cluster_id}",
            f"--LocalEngineSetLauncher.engine_cmd={[python, '-m', 'ipyparallel.engine']!r}"]
@@ -337,7 +337,7 @@ def _enable_magics(ranks: Ranks) -> None:
         return
     shell = get_ipython()
     if shell is not None:
-        from ddp_lab._pxmagic import RankMagics
+        from ddp_lab.engine._pxmagic import RankMagics
         shell.magics_manager.register(RankMagics(shell, ranks))  # %px, %%px, %autopx on these ranks
         shell.run_line_magic("pxconfig", "--progress-after -1")  # plain output, no progress widget
 

@@ -1,6 +1,6 @@
 """A tiny guardian between the notebook kernel and torchrun.
 
-    python -m ddp_lab._reaper PARENT_PID -- python -m torch.distributed.run ...
+    python -m ddp_lab.engine._reaper PARENT_PID -- python -m torch.distributed.run ...
 
 torchrun starts its workers in sessions of their own, so killing torchrun's
 process group does not reach them, and a SIGKILLed agent (as when Jupyter

@@ -1,6 +1,6 @@
 """The few lines every program that torchrun starts needs.
 
-    from ddp_lab import runtime
+    from ddp_lab.engine import runtime
 
     with runtime.distributed() as ctx:        # init (or world size 1 when unlaunched)
         x = torch.ones(1, device=ctx.device) * ctx.rank
@@ -17,7 +17,7 @@
   short collective timeout must not turn that into a failed start.
 - Run as plain `python prog.py` it is a world of one, with a real process group,
   so the same collectives work unchanged.
-- Records go to $DDP_LAB_RECORDS/rank{RANK}.jsonl (set by ddp_lab.launch);
+- Records go to $DDP_LAB_RECORDS/rank{RANK}.jsonl (set by ddp_lab.engine.launch);
   without that variable record() does nothing.
 """
 from __future__ import annotations

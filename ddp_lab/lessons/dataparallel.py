@@ -40,7 +40,7 @@ import torch.nn.functional as F
 import torch.nn.parallel  # noqa: F401  (loads torch.nn.parallel.replicate below)
 from torch import nn
 
-from ddp_lab import ring
+from ddp_lab.lessons import ring
 
 # The module, not the function of the same name that torch.nn.parallel exports.
 _REPLICATE = sys.modules["torch.nn.parallel.replicate"]
@@ -311,7 +311,7 @@ def python_work(iterations: int = 2000) -> int:
 def ring_allreduce(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], Traffic]:
     """Sum n equal-shaped tensors with a ring all-reduce, counting every byte.
 
-    The schedule is ddp_lab.ring.simulate's (reduce-scatter, then all-gather; notebook 03
+    The schedule is ddp_lab.lessons.ring.simulate's (reduce-scatter, then all-gather; notebook 03
     steps through it); here its messages fill the same Traffic ledger as DataParallel's
     step, so both are counted alike. Each device sends and receives 2(n-1)/n of the tensor.
     """

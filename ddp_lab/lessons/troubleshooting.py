@@ -1,6 +1,6 @@
 """Two checks to paste into a DDP training loop (notebook 07), and the NaN guard they pair with.
 
-    from ddp_lab.troubleshooting import replica_check, finite_everywhere
+    from ddp_lab.lessons.troubleshooting import replica_check, finite_everywhere
 
     report = replica_check(model)            # every rank calls it; collective
     if not report.ok:

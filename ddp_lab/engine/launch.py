@@ -1,6 +1,6 @@
 """Start a real multi-process job from a notebook cell, safely.
 
-    from ddp_lab import launch
+    from ddp_lab.engine import launch
     run = launch.torchrun("-m ddp_lab.experiments.nb00_hello", nproc=2)
     run.records          # JSON lines the ranks wrote, each with a "rank" field
 
@@ -14,9 +14,9 @@ leaves them running. This module instead:
   is slow to accept output never slows or times out the job), showing at most
   SHOW_HEAD + SHOW_TAIL lines; every line stays in `Run.log`;
 - gives each launch its own port (`--standalone`, or a free port for nnodes > 1);
-- puts a small guardian (ddp_lab._reaper) between the kernel and torchrun that
+- puts a small guardian (ddp_lab.engine._reaper) between the kernel and torchrun that
   kills the whole tree on timeout, on interrupt and when the kernel dies;
-- raises LaunchError naming the rank that failed first and why (ddp_lab._rootcause),
+- raises LaunchError naming the rank that failed first and why (ddp_lab.engine._rootcause),
   not torchrun's ChildFailedError banner (that stays in `LaunchError.run.log`);
 - sets OMP_NUM_THREADS to cores // processes (torchrun alone would force 1 and
   print a warning banner); pass `threads=` to choose;
@@ -49,12 +49,12 @@ from pathlib import Path
 
 import psutil
 
-from ddp_lab._rootcause import root_cause
+from ddp_lab.engine._rootcause import root_cause
 from ddp_lab.autopsy import collect as _autopsy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
-RECORDS_ENV = "DDP_LAB_RECORDS"  # same name as ddp_lab.runtime.RECORDS_ENV (no torch import here)
+RECORDS_ENV = "DDP_LAB_RECORDS"  # same name as ddp_lab.engine.runtime.RECORDS_ENV (no torch import here)
 
 # What a launch shows live: the first SHOW_HEAD lines, then the last SHOW_TAIL at the end.
 # A Jupyter kernel takes a few thousand flushed writes a second; a program printing 100k
@@ -143,7 +143,7 @@ def _node_cmd(program_argv, nproc, nnodes, node_rank, port, max_restarts, args, 
     else:  # static rendezvous, as on two real machines (see notebook 00)
         rdzv = ["--nnodes", str(nnodes), "--node_rank", str(node_rank),
                 "--master_addr", "127.0.0.1", "--master_port", str(port)]
-    return [sys.executable, "-m", "ddp_lab._reaper", str(os.getpid()), "--",
+    return [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
             sys.executable, "-m", "torch.distributed.run", *rdzv,
             "--nproc_per_node", str(nproc), "--max_restarts", str(max_restarts),
             "--tee", "3", "--log-line-prefix-template", prefix, *program_argv, *map(str, args)]

@@ -1,6 +1,6 @@
 """TensorFlow's tf.distribute and Horovod, mapped to DDP and torchrun (notebook 09b, section 7).
 
-    from ddp_lab import beyond_tf
+    from ddp_lab.lessons.beyond import tf as beyond_tf
     beyond_tf.markdown()          # the side-by-side table, as Markdown
     beyond_tf.unresolved()        # PyTorch names in the table that this torch does not have ([] = all real)
     beyond_tf.uncovered()         # names the survey's lines use that the table lacks ([] = all covered)

@@ -1,6 +1,6 @@
 """Pictures of an all-reduce in progress: an interactive stepper and a static strip.
 
-    from ddp_lab import widgets
+    from ddp_lab.lessons import widgets
     widgets.ring_stepper(n=4)            # slider + play button over the steps (needs a kernel)
     widgets.ring_strip(n=4)              # every step side by side (a plain figure: works on GitHub)
 
@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from ddp_lab import ring
+from ddp_lab.lessons import ring
 
 EMPTY = "#eeeeee"
 

@@ -1,6 +1,6 @@
 """Checkpoints that survive crashes: what to save, how to write it, how to read it back.
 
-    from ddp_lab import checkpointing as ck
+    from ddp_lab.lessons import checkpointing as ck
     ck.atomic_save(ck.make_checkpoint(model, optimizer, step=s, epoch=e), "runs/last.pt")
     state = ck.load_on_rank0_and_broadcast("runs/last.pt")   # every rank calls it
 
@@ -189,11 +189,11 @@ def kill_mid_save(targets: dict, step: int = 2, megabytes: float = 4.0, fraction
     torch.save(demo_checkpoint(step, megabytes), buf)
     total = buf.getbuffer().nbytes
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+        filter(None, [str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH")]))}
     children, out = {}, {}
     try:
         for mode, path in targets.items():
-            cmd = [sys.executable, "-m", "ddp_lab.checkpointing", mode, str(path), str(step),
+            cmd = [sys.executable, "-m", "ddp_lab.lessons.checkpointing", mode, str(path), str(step),
                    str(megabytes), str(int(total * fraction))]
             children[mode] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                               text=True, env=env)

@@ -1,6 +1,6 @@
 """Figures of notebooks 09 and 09b: memory measured against predicted, losses, 3D, pipeline schedules.
 
-    from ddp_lab import beyond_figures as bf
+    from ddp_lab.lessons.beyond import figures as bf
     bf.memory_bars(rows)      # rows: dicts with world, strategy, rank, measured {...}, predicted {...}
     bf.losses(curves, ref)    # {label: [loss per step]}, the one-process reference
     bf.three_d(dp=2, pp=2, tp=2)

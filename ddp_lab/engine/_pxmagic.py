@@ -1,4 +1,4 @@
-"""%%px for the persistent ranks (ddp_lab.interactive): each rank's error once, and every line.
+"""%%px for the persistent ranks (ddp_lab.engine.interactive): each rank's error once, and every line.
 
 ipyparallel's own %%px streams a rank's traceback as it happens and then, when the reply beats
 the rest of the output (it travels on another channel), raises a CompositeError that prints every
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ipyparallel.client.magics import ParallelMagics
 
-from ddp_lab.interactive import OUTPUT_WAIT_S, RanksError
+from ddp_lab.engine.interactive import OUTPUT_WAIT_S, RanksError
 
 
 class FailedOnRanks(RanksError):

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab import models
+from ddp_lab.lessons import models
 
 MB = 1024 * 1024  # DDP's bucket_cap_mb is in MiB
 

@@ -1,6 +1,6 @@
 """A probe's own source, shown beside its result.
 
-    from ddp_lab import listing
+    from ddp_lab.engine import listing
     from ddp_lab.experiments import nb03_ring
     listing.show(nb03_ring.check)      # beside the launch of -m ddp_lab.experiments.nb03_ring
 
@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def caption(function) -> str:

@@ -1,7 +1,7 @@
 """Elastic training on one machine (several torchrun agents, one c10d rendezvous), and a
 rehearsal of the multi-node launch files with stand-in srun/scontrol/python (rehearse()).
 
-    from ddp_lab import elastic
+    from ddp_lab.engine import elastic
     with elastic.Cluster("-m ddp_lab.experiments.nb10_elastic --ckpt {ckpt}") as c:
         c.start("A", host=True); c.start("B")
         c.wait(lambda recs: len(elastic.steps(recs, world_size=2)) >= 10, "10 steps on 2 nodes")
@@ -10,7 +10,7 @@ rehearsal of the multi-node launch files with stand-in srun/scontrol/python (reh
     c.records                                         # every rank's JSON lines, in time order
 
 Each agent is `python -m torch.distributed.run --nnodes MIN:MAX --rdzv-backend c10d`, as on a
-real node, started under ddp_lab._reaper (which kills its whole tree when asked, or when
+real node, started under ddp_lab.engine._reaper (which kills its whole tree when asked, or when
 this kernel dies). Leaving the `with` block, normally or by an exception, stops every agent
 that is still running and checks that no process of the cluster is left. The rendezvous
 settings are shortened from torchrun's defaults (made for real clusters) so that a lost node
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from ddp_lab import launch
+from ddp_lab.engine import launch
 
 # torchrun's defaults: last_call 30 s, keep-alive every 5 s and a node dead after 3 missed,
 # join 600 s, close 30 s. Here: 2 s of last call (then the round closes with whoever came),
@@ -83,7 +83,7 @@ class Cluster:
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(launch.ROOT), os.environ.get("PYTHONPATH")]))}
         log = open(self.dir / f"agent_{name}.log", "a", encoding="utf-8")
-        cmd = [sys.executable, "-m", "ddp_lab._reaper", str(os.getpid()), "--", *self.command(name, host)]
+        cmd = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--", *self.command(name, host)]
         self.agents[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL)
         log.close()

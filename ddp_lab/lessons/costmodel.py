@@ -64,7 +64,7 @@ PREDICTORS = {**MODELS, "tree (pipelined)": tree_pipelined}
 
 
 def from_steps(sim, alpha, beta) -> float:
-    """Time of a simulated schedule (ddp_lab.ring): each step costs alpha + beta * its
+    """Time of a simulated schedule (ddp_lab.lessons.ring): each step costs alpha + beta * its
     largest message, because all messages of a step travel at once on separate links."""
     return sum(alpha + beta * max(m.nbytes for m in step) for step in sim.steps if step)
 

@@ -1,6 +1,6 @@
 """Where the time of a DDP step goes, read from torch.profiler's Chrome traces (notebook 08).
 
-    from ddp_lab import profiling
+    from ddp_lab.lessons import profiling
     trace = profiling.load("runs/08_profiling/wide_n2/rank0.json")
     steps = profiling.steps(trace)         # one Step per annotated training step
     profiling.budget(steps[0])             # seconds of forward, backward, comm, ... in that step
