@@ -317,10 +317,3 @@ def lost_steps(crash_step: int, save_every: int) -> int:
     """Steps redone after a crash: those since the last save (saves at save_every, 2*save_every...)."""
     return crash_step - (crash_step // save_every) * save_every
 
-
-if __name__ == "__main__":  # the writer that kill_mid_save starts and kills
-    mode, target, step, megabytes, pause_at = sys.argv[1:6]
-    save = naive_save if mode == "naive" else atomic_save
-    save(demo_checkpoint(int(step), float(megabytes)), target,
-         opener=lambda p, m: _PausingFile(p, m, int(pause_at)))
-    print("DONE", flush=True)
