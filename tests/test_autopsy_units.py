@@ -6,6 +6,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -233,3 +234,45 @@ def test_a_rank_in_its_excepthook_answers_with_the_exception_but_a_stale_one_is_
                              text=True, timeout=120)
         assert out.stdout.splitlines() == ["running: None", "in a hook: ValueError an earlier cell's error",
                                            "ours: 'ours'"], (argv, out.stdout, out.stderr)
+
+
+def test_a_rank_stopped_while_its_hooks_run_has_already_written_its_exception(tmp_path):
+    # What torchrun does when another rank dies without asking (a crash, an abort): it stops this
+    # rank while its excepthooks still print and dump. The hook that runs inside ours stalls here
+    # (a log sink), and the rank is stopped there: the exception must already be on disk.
+    folder = tmp_path / "autopsy"
+    folder.mkdir()
+    printing = tmp_path / "printing"
+    code = textwrap.dedent(f"""
+        import importlib.util, os, signal, sys, time
+        spec = importlib.util.spec_from_file_location("inject", {str(collect.INJECT / "sitecustomize.py")!r})
+        inject = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(inject)
+        def stalled_sink(etype, value, tb):  # the hook ours calls first: it never returns
+            open({str(printing)!r}, "w").close()
+            time.sleep(600)
+        sys.excepthook = stalled_sink
+        inject._Arm({str(folder)!r}, 0).arm()
+        def main():
+            raise RuntimeError("a corrupt batch on rank 0")
+        main()
+        """)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", collect.DIR_ENV)}
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not printing.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert printing.exists(), child.communicate(timeout=10)
+        child.terminate()  # what torchrun sends
+        child.wait(timeout=30)
+    finally:
+        child.kill()
+        child.communicate()
+    assert child.returncode == -15
+    info = json.loads((folder / "rank0.exception.json").read_text())["exception"]
+    assert (info["type"], info["message"], info["frames"][-1]["name"]) == (
+        "RuntimeError", "a corrupt batch on rank 0", "main")
+    ranks = evidence.read_folder(folder)
+    assert ranks[0].stack_from == "exception" and ranks[0].exception == "RuntimeError: a corrupt batch on rank 0"

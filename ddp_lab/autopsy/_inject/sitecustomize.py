@@ -11,8 +11,10 @@ set) it writes nothing until asked, and then only into $DDP_LAB_AUTOPSY_DIR:
                       would write it), then touch rank{R}.done.{request};
 - rank{R}.sigusr1.txt, .sigterm.txt, .fatal.txt: stacks faulthandler writes (no GIL needed) on
                       SIGUSR1, on SIGTERM (then the rank dies as before), on a crash (SIGABRT ...);
-- on an uncaught exception: rank{R}.exception.json, with its traceback; the first failing
-  rank also asks the other ranks of this node to dump (torchrun stops them a moment later).
+- on an uncaught exception: rank{R}.exception.json, with its traceback, written first with the
+  exception alone and again once the hooks have run, with the stacks and the Flight Recorder;
+  the first failing rank also asks the other ranks of this node to dump (torchrun stops them a
+  moment later).
   A rank asked while its excepthooks still run (ours, torch's, the program's own: a log
   upload...) puts the exception in its answer, request.json: torchrun may stop it before it
   writes exception.json;
@@ -106,7 +108,7 @@ class _Arm:
             return None  # running the program: a last_value from before (IPython sets it too)
         return type(value), value, getattr(sys, "last_traceback", None)
 
-    def dump(self, reason, request=None, exc=None, stacks=True):
+    def dump(self, reason, request=None, exc=None, stacks=True, fr=True):
         import json
         import threading
         import time
@@ -136,7 +138,7 @@ class _Arm:
             out["exception"] = {"type": getattr(etype, "__name__", str(etype)),
                                 "message": str(value)[:2000], "frames": frames}
         try:
-            out["fr"] = self.flight_recorder()
+            out["fr"] = self.flight_recorder() if fr else None
         except Exception as e:  # noqa: BLE001
             out["fr_error"] = repr(e)
         self.write(self.path(f"{reason}.json"), json.dumps(out).encode())
@@ -211,8 +213,14 @@ class _Arm:
 
         def excepthook(etype, value, tb):
             self.exc = (etype, value, tb)  # a request answered meanwhile carries it
+            if not issubclass(etype, KeyboardInterrupt):
+                try:  # the exception alone, at once: when another rank dies first, torchrun stops
+                    # this one while the hooks below print and dump (a rank that aborts asks nobody)
+                    self.dump("exception", exc=self.exc, stacks=False, fr=False)
+                except Exception as e:  # noqa: BLE001
+                    self.failed(e)
             try:
-                previous(etype, value, tb)  # the traceback first, as without the autopsy
+                previous(etype, value, tb)  # the traceback, as without the autopsy
             finally:
                 try:
                     if not issubclass(etype, KeyboardInterrupt):
