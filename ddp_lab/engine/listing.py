@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from ddp_lab.engine.launch import ROOT
 
 
 def caption(function) -> str:

@@ -32,7 +32,9 @@ import time
 from datetime import date
 from pathlib import Path
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+from ddp_lab.engine.launch import ROOT
+
+NOTEBOOKS = ROOT / "notebooks"
 START, END = "<!-- timings:start -->", "<!-- timings:end -->"
 TABLE_HEADER = ["| notebook | topic | executes in | measured on |", "|---|---|---|---|"]
 

@@ -18,7 +18,9 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from ddp_lab.engine.launch import ROOT
+
+SCRIPTS = ROOT / "scripts"
 MAX_CHANGED = 160  # changed lines (added + removed, blank lines not counted) between two rungs
 MAX_CHANGED_TOP = 300  # train_ddp.py, the production rung: about 140 of its lines are sharded
                        # checkpoints (--ckpt-format dcp, with its damage checks), which no smaller rung needs

@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
+from ddp_lab.engine.launch import ROOT
+
 # What an exact resume needs, and why (the notebook's table and the tests use this).
 MUST_HOLD = {
     "model": "weights of the *unwrapped* model (no module. / _orig_mod. prefix)",
@@ -189,7 +191,7 @@ def kill_mid_save(targets: dict, step: int = 2, megabytes: float = 4.0, fraction
     torch.save(demo_checkpoint(step, megabytes), buf)
     total = buf.getbuffer().nbytes
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH")]))}
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     children, out = {}, {}
     try:
         for mode, path in targets.items():
