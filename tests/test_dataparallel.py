@@ -1,5 +1,6 @@
 """ddp_lab.lessons.dataparallel: the CPU re-enactment of DataParallel and the byte counts; notebook 01's probe."""
 import os
+import threading
 
 import pytest
 import torch
@@ -103,6 +104,26 @@ def test_threads_running_python_keep_at_most_one_core_busy():
     busy = dpm.cores_busy(dpm.python_work, n_threads=2, repeats=200)
     assert 0 < busy < 1.1  # one interpreter lock: never two cores, whatever the load
     assert torch.get_num_threads() == threads
+
+
+def test_another_busy_thread_of_the_process_does_not_count():
+    # A thread of this process that computes outside the lock (a kernel, a library's pool)
+    # used to add its CPU time to the figure: only the measuring threads count.
+    stop = threading.Event()
+    a = torch.randn(256, 256)
+
+    def burn():
+        while not stop.is_set():
+            a @ a
+
+    other = threading.Thread(target=burn, daemon=True)
+    other.start()
+    try:
+        busy = dpm.cores_busy(dpm.python_work, n_threads=2, repeats=200)
+    finally:
+        stop.set()
+        other.join()
+    assert 0 < busy < 1.1
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])

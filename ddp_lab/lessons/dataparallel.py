@@ -269,33 +269,38 @@ def forward_seconds(model: nn.Module, x: torch.Tensor, repeats: int = 5) -> floa
 
 
 def cores_busy(work, n_threads: int = 2, repeats: int = 20) -> float:
-    """CPU seconds per wall-clock second of this process while n_threads threads each call
-    work() `repeats` times (torch on one intra-op thread, so only these threads compute).
+    """Cores that n_threads threads keep busy while each calls work() `repeats` times: the
+    CPU seconds those threads use, summed, per wall-clock second from the first one's
+    start to the last one's end (torch on one intra-op thread, so only they compute).
 
     Only one thread at a time can hold the interpreter lock, so threads running Python
     cannot keep more than one core busy, however many cores are free. Kernels that
     release the lock (big matrix products) can keep n_threads cores busy, if the
     machine has them free: a loaded machine lowers every figure, never raises it.
+    Each thread counts its own CPU time, so other threads of this process (a kernel's,
+    a library's) never add to the figure.
     """
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         work()  # warm-up
-        go = threading.Barrier(n_threads + 1)
+        go = threading.Barrier(n_threads)
+        spans = []  # (wall start, wall end, CPU seconds) of each thread
 
         def loop():
             go.wait()
+            w0, c0 = time.perf_counter(), time.thread_time()
             for _ in range(repeats):
                 work()
+            spans.append((w0, time.perf_counter(), time.thread_time() - c0))
 
         workers = [threading.Thread(target=loop) for _ in range(n_threads)]
         for w in workers:
             w.start()
-        c0, w0 = time.process_time(), time.perf_counter()
-        go.wait()
         for w in workers:
             w.join()
-        return (time.process_time() - c0) / (time.perf_counter() - w0)
+        wall = max(s[1] for s in spans) - min(s[0] for s in spans)
+        return sum(s[2] for s in spans) / wall
     finally:
         torch.set_num_threads(before)
 
