@@ -3,6 +3,8 @@ collective and the source line, whether the launcher's timeout ends it or the ra
 process-group timeout does; `ddp-lab autopsy DIR` prints the same from the folder it left.
 
 The seven hangs run once, side by side (module fixture), and every test reads their results.
+An eighth launch beside them, of ranks that only sleep, checks the launcher's timeout itself:
+every process is killed (test_launch.py's other stops share nothing so slow).
 """
 import concurrent.futures
 import json
@@ -20,7 +22,8 @@ from ddp_lab.engine import launch
 
 COLLECTIVES = PROGRAMS / "hang_collectives.py"
 TRAINING = PROGRAMS / "hang_training.py"
-# Ranks that hang until the launcher's timeout must be in the hang before it ends. Six launches
+SLEEPER = PROGRAMS / "sleeper.py"
+# Ranks that hang until the launcher's timeout must be in the hang before it ends. Five launches
 # start at once on a busy 2-core machine, which can take a minute and more before the ranks hang:
 # the launcher's timeout leaves room for that, and the test says so if the ranks never got there.
 LAUNCHER_TIMEOUT = 120
@@ -28,12 +31,14 @@ PG_TIMEOUT = 5  # the others: gloo raises on every rank after this long in a col
 CASES = {  # name: (program, argument, process-group timeout or None for the launcher's)
     "mismatch": (COLLECTIVES, "mismatch", None),
     "sleeper": (COLLECTIVES, "sleeper", None),
+    "timeout": (SLEEPER, None, None),  # no collective at all: ranks that sleep, ended by the launcher
     "rank0": (COLLECTIVES, "rank0", PG_TIMEOUT),
     "save": (COLLECTIVES, "save", PG_TIMEOUT),
     "nan": (TRAINING, "nan", PG_TIMEOUT),
     "uneven": (TRAINING, "uneven", PG_TIMEOUT),
     "dying": (COLLECTIVES, "dying", PG_TIMEOUT),
 }
+READY = {COLLECTIVES: "ready", TRAINING: "ready", SLEEPER: "sleeping"}  # what a rank prints once in the hang
 
 
 def line_of(program: Path, code: str, after: str = "") -> int:
@@ -55,15 +60,17 @@ def hangs(tmp_path_factory):
         timeout = LAUNCHER_TIMEOUT if pg_timeout is None else 240
         start = time.monotonic()
         try:
-            launch.torchrun(program, nproc=2, args=[arg, marker], stream=False, env=env, timeout=timeout)
+            launch.torchrun(program, nproc=2, args=[a for a in (arg, marker) if a], stream=False, env=env,
+                            timeout=timeout)
         except launch.LaunchError as e:
             took = time.monotonic() - start
-            assert pg_timeout or all(f"rank {r} ready" in e.run.log for r in (0, 1)), \
+            assert pg_timeout or all(f"rank {r} {READY[program]}" in e.run.log for r in (0, 1)), \
                 f"{name}: the ranks never reached the hang within {timeout} s:\n{e.run.log[-2000:]}"
             return e, took, timeout
         return None, time.monotonic() - start, timeout
 
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    # The three launcher-timeout launches first, each in its own thread; the others take turns beside them
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
         results = dict(zip(CASES, pool.map(one, CASES)))
     return results, marker
 
@@ -98,8 +105,26 @@ def test_launcher_timeout_sleeping_rank(hangs):
     assert e.autopsy.ranks[1].state == "elsewhere"
 
 
+def test_launcher_timeout_kills_every_process(hangs):
+    # Ranks that sleep outside any collective: the launcher's timeout ends them, and nothing survives
+    e = error(hangs, "timeout")
+    timeout = hangs[0]["timeout"][2]
+    assert str(e).startswith(f"timed out after {timeout} s"), str(e)[:300]
+    pids = [r["pid"] for r in e.run.select(kind="pid")]
+    assert len(pids) == 2, "both workers should have started before the timeout"
+    assert wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=10), pids
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def test_the_diagnosis_arrives_within_the_timeout_plus_15_s(hangs):
-    for name in ("mismatch", "sleeper"):
+    for name in ("mismatch", "sleeper", "timeout"):
         _, took, timeout = hangs[0][name]
         assert took <= timeout + 15, (name, took, timeout)
 
