@@ -3,8 +3,9 @@ collective and the source line, whether the launcher's timeout ends it or the ra
 process-group timeout does; `ddp-lab autopsy DIR` prints the same from the folder it left.
 
 The seven hangs run once, side by side (module fixture), and every test reads their results.
-An eighth launch beside them, of ranks that only sleep, checks the launcher's timeout itself:
-every process is killed (test_launch.py's other stops share nothing so slow).
+An eighth launch beside them, of ranks that only sleep, tests the launcher's own timeout: both
+ranks had started, and every process is killed (it waits as long as the two launcher-timeout hangs,
+so it shares their wait instead of adding its own to test_launch.py).
 """
 import concurrent.futures
 import json
