@@ -60,6 +60,14 @@ def _running(p) -> bool:
         return False
 
 
+def alive(pid: int) -> bool:
+    """Whether process pid runs (a zombie or a gone pid does not)."""
+    try:
+        return _running(psutil.Process(pid))
+    except psutil.Error:
+        return False
+
+
 def _cmd(p) -> str:
     try:
         return " ".join(p.cmdline())[:160]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROGRAMS, processes_with, wait_until
+from conftest import PROGRAMS, alive, processes_with, wait_until
 from ddp_lab.engine import launch
 
 COLLECTIVES = PROGRAMS / "hang_collectives.py"
@@ -113,15 +113,7 @@ def test_launcher_timeout_kills_every_process(hangs):
     assert str(e).startswith(f"timed out after {timeout} s"), str(e)[:300]
     pids = [r["pid"] for r in e.run.select(kind="pid")]
     assert len(pids) == 2, "both workers should have started before the timeout"
-    assert wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=10), pids
-
-
-def _alive(pid: int) -> bool:
-    import psutil
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=10), pids
 
 
 def test_the_diagnosis_arrives_within_the_timeout_plus_15_s(hangs):

@@ -6,10 +6,10 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
+from conftest import wait_until
 from ddp_lab.engine import launch
 from ddp_lab.autopsy import collect, diagnose, evidence
 from ddp_lab.autopsy.command import run as cli_run
@@ -261,9 +261,7 @@ def test_a_rank_stopped_while_its_hooks_run_has_already_written_its_exception(tm
     child = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not printing.exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: printing.exists() or child.poll() is not None, timeout=120, step=0.05)
         assert printing.exists(), child.communicate(timeout=10)
         child.terminate()  # what torchrun sends
         child.wait(timeout=30)

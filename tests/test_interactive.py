@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import wait_until
+from conftest import alive, wait_until
 
 pytest.importorskip("ipyparallel", reason="interactive ranks need ipyparallel")
 from ddp_lab.engine import interactive  # noqa: E402
@@ -30,7 +30,7 @@ def with_env(value: str, skip=()) -> list:
 
 
 def _gone(pids) -> bool:
-    return not [p for p in pids if psutil.pid_exists(p) and _running(p)]
+    return not [p for p in pids if alive(p)]
 
 
 def _cmd(p) -> str:
@@ -38,13 +38,6 @@ def _cmd(p) -> str:
         return " ".join(p.cmdline())
     except psutil.Error:
         return ""
-
-
-def _running(pid) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def test_ranks_share_one_process_group_and_stop_ends_every_engine():
