@@ -49,7 +49,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_scaling.py
 
 # Many runs in a row under load: scripts as 2-rank jobs, launching notebooks under nbval, the
-# process tests of the newer paths under pytest (about an hour on 2 cores).
+# process tests of the newer paths under pytest, the browser tests (well over an hour on 2 cores).
 stress: $(STAMP)
 	$(PY) benchmarks/stress.py $(STRESS_ARGS)
 

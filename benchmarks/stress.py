@@ -11,9 +11,11 @@
 3. The tests that start processes on the newer paths (the hang autopsy of six kinds of hang, the
    NaN skip and clipping, resume on shared and unshared storage, the exit-time release), --passes
    times in a row under pytest.
+4. The browser tests (tests/e2e: JupyterLab in headless Chromium), --e2e-passes times in a row.
 
-Prints `N runs, K failures` for each part and in total, with the last lines of every failure;
-exits 1 on any failure. Not part of `make test`: it measures reliability, it does not prove it.
+Prints `N runs, K failures` for each part and in total, with the failing tests' names and the last
+lines of every failure; the whole output of each failed run is kept in build/stress/ (the path is
+printed). Exits 1 on any failure. Not part of `make test`: it measures reliability, it does not prove it.
 """
 from __future__ import annotations
 
@@ -44,13 +46,23 @@ def script_job(script: str, i: int, folder: Path) -> list[str]:
     return torchrun(script, [])
 
 
+LOGS = ROOT / "build" / "stress"
+
+
 def run_one(cmd: list[str], cwd: Path, env: dict, timeout: float) -> tuple[bool, str]:
     try:
         p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        ok, out, head = p.returncode == 0, p.stdout + p.stderr, f"exit {p.returncode}"
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return False, f"timed out after {timeout:g} s\n{out[-1500:]}"
-    return p.returncode == 0, f"exit {p.returncode}\n" + (p.stdout + p.stderr)[-1500:]
+        ok, head = False, f"timed out after {timeout:g} s"
+    if ok:
+        return True, ""
+    LOGS.mkdir(parents=True, exist_ok=True)  # the whole output: a failure must be identifiable later
+    log = LOGS / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{threading.get_ident() % 10000}.log"
+    log.write_text(" ".join(cmd) + "\n\n" + out)
+    failed = [line for line in out.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    return False, "\n".join([f"{head} (whole output: {log})", *failed, out[-1500:]])
 
 
 def stress_scripts(runs: int, loops: int, timeout: float) -> tuple[int, list[str]]:
@@ -128,6 +140,18 @@ def stress_tests(passes: int, timeout: float, files: str) -> tuple[int, list[str
     return n, failures
 
 
+def stress_e2e(passes: int, timeout: float) -> tuple[int, list[str]]:
+    failures = []
+    for p in range(passes):
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/e2e"]
+        ok, tail = run_one(cmd, ROOT, dict(os.environ), timeout)
+        if not ok:
+            failures.append(f"pass {p + 1} tests/e2e: {tail}")
+        print(f"\r  browser tests: {p + 1}/{passes} passes, {len(failures)} failures", end="", flush=True)
+    print()
+    return passes, failures
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=30, help="2-rank jobs per script")
@@ -139,6 +163,8 @@ def main(argv=None) -> int:
     ap.add_argument("--test-passes", type=int, default=3, help="pytest passes over the process tests")
     ap.add_argument("--tests", default="", help="comma-separated test files instead of the default "
                     "process tests: " + ", ".join(PROCESS_TESTS))
+    ap.add_argument("--e2e-passes", type=int, default=3, help="passes over the browser tests "
+                    "(tests/e2e, about 4 min each on 2 idle cores)")
     a = ap.parse_args(argv)
     start = time.time()
     results = []
@@ -151,6 +177,9 @@ def main(argv=None) -> int:
     if a.test_passes:
         print(f"tests: {a.test_passes} passes under pytest")
         results.append(("process tests (pytest)", *stress_tests(a.test_passes, a.timeout, a.tests)))
+    if a.e2e_passes:
+        print(f"browser tests: {a.e2e_passes} passes of tests/e2e")
+        results.append(("browser tests (tests/e2e)", *stress_e2e(a.e2e_passes, max(a.timeout, 1800))))
     for _, _, failures in results:
         for f in failures:
             print(f"\n--- failure: {f}")

@@ -73,3 +73,31 @@ def _cmd(p) -> str:
         return " ".join(p.cmdline())[:160]
     except psutil.Error:
         return "?"
+
+
+def widget_makers() -> set:
+    """Names of ddp_lab functions whose body imports ipywidgets: the workbook's widgets."""
+    import ast
+    names = set()
+    for path in (HERE.parent / "ddp_lab").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(
+                    isinstance(n, (ast.Import, ast.ImportFrom)) and "ipywidgets" in ast.dump(n)
+                    for n in ast.walk(node)):
+                names.add(node.name)
+    return names
+
+
+def widget_cells() -> list:
+    """(notebook path relative to the repository, cell index) of every lesson cell that calls a
+    widget maker."""
+    import json
+    import re
+    call = re.compile(r"\.(%s)\(" % "|".join(sorted(widget_makers())))
+    found = []
+    for nb in sorted((HERE.parent / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        for i, c in enumerate(cells):
+            if c["cell_type"] == "code" and call.search("".join(c["source"])):
+                found.append((nb.relative_to(HERE.parent).as_posix(), i))
+    return found

@@ -147,15 +147,34 @@ def test_help_executes_nothing_and_a_notebook_given_as_output_folder_is_refused(
     assert list(tmp_path.iterdir()) == []  # no folder named after a flag or a notebook
 
 
-def test_stored_widget_outputs_read_as_a_sentence_not_a_repr():
-    import nbformat
-    from ddp_lab.engine import workbook
+def test_stored_widgets_are_the_sentence_their_cell_shows_until_it_runs():
+    """A stored widget draws only in a trusted lab, only once its manager has caught up, and then
+    cannot redraw: every lab (and GitHub) must show the same sentence instead."""
+    from nbformat.v4 import new_output
+    view = {"model_id": "m1", "version_major": 2, "version_minor": 0}
+    nb = new_notebook(cells=[new_code_cell("w()", outputs=[new_output(
+        "execute_result", {workbook.WIDGET_VIEW: view, "text/plain": "VBox(children=(IntSlider(value=1),))"})]),
+        new_code_cell("s()", outputs=[new_output(
+            "display_data", {workbook.WIDGET_VIEW: view, "text/plain": "Stepper: run this cell"})]),
+        new_code_cell("print(1)", outputs=[new_output("stream", text="1\n")])],
+        metadata={"widgets": {"application/vnd.jupyter.widget-state+json": {"state": {}}}})
+    out = workbook.stored_widgets_as_text(nb)
+    assert [c.outputs[0].get("data") for c in out.cells[:2]] == [
+        {"text/plain": workbook.WIDGET_TEXT}, {"text/plain": "Stepper: run this cell"}]
+    assert out.cells[2].outputs[0].text == "1\n" and "widgets" not in out.metadata
+
+
+def test_stored_notebooks_hold_no_widget_view_and_each_widget_cell_says_run_it():
+    from conftest import widget_cells  # tests/conftest.py
+    cells = widget_cells()
+    assert len(cells) >= 3, cells  # 03's stepper, 08's and 09's calculators
     for path in sorted((workbook.NOTEBOOKS).rglob("*.ipynb")):
-        if ".ipynb_checkpoints" in path.parts:
-            continue
-        for cell in nbformat.read(path, as_version=4).cells:
+        nb = nbformat.read(path, as_version=4)
+        assert workbook.WIDGET_STATE not in nb.metadata, f"{path.name} stores widget state"
+        for cell in nb.cells:
             for out in cell.get("outputs", []):
-                data = out.get("data", {})
-                if workbook.WIDGET_VIEW in data:
-                    assert not workbook.WIDGET_REPR.match(str(data.get("text/plain", ""))), \
-                        (path.name, data["text/plain"][:80])
+                assert workbook.WIDGET_VIEW not in out.get("data", {}), f"{path.name} stores a widget view"
+    for rel, index in cells:
+        outputs = nbformat.read(workbook.ROOT / rel, as_version=4).cells[index].outputs
+        shown = " ".join(str(o.get("data", {}).get("text/plain", "")) for o in outputs)
+        assert "run this cell" in shown, (rel, index, shown[:120])

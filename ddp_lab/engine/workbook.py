@@ -9,7 +9,7 @@ Writes one HTML file per notebook (solutions too) and an index.html listing each
 lesson with the time its execution took on this machine, for planning a workshop.
 A notebook that fails is reported by name, the others are still rendered, and the
 exit code is non-zero. `--store` writes each executed notebook back over its .ipynb
-(outputs and widget state), so the outputs readers see on GitHub come from one
+(its outputs; a widget as the sentence it shows until its cell runs), so the outputs readers see on GitHub come from one
 top-to-bottom run of lessons and solutions together; a notebook that failed is left
 as it was.
 
@@ -49,18 +49,28 @@ def title_of(nb) -> str:
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "widgets"  # the notebook metadata key under which ipywidgets stores its models
 WIDGET_TEXT = "(an interactive control: run this cell to use it)"
 WIDGET_REPR = re.compile(r"[A-Za-z_]\w*\(\w+=")  # VBox(children=..., interactive(children=...
 
 
-def without_widget_reprs(nb):
-    """Where a stored output is a widget, its plain-text fallback is a sentence, not the widget's
-    repr (`VBox(children=(FloatLogSlider(...`), which is what a reader sees until the cell runs."""
+def stored_widgets_as_text(nb):
+    """A stored widget becomes the sentence its cell shows until it runs, and nothing else.
+
+    Kept as a widget, it would draw from the stored state only when the notebook is trusted and
+    only once the widget manager has caught up with the kernel, and then move without redrawing
+    (the Python that redraws it is gone). A sentence shows the same in every lab, trusted or not,
+    on GitHub and in nbviewer: what the cell does once run. The widget's own plain-text fallback
+    stays when it wrote one (the stepper's); a repr (`VBox(children=(...`) becomes WIDGET_TEXT."""
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             data = out.get("data", {})
-            if WIDGET_VIEW in data and WIDGET_REPR.match(str(data.get("text/plain", ""))):
-                data["text/plain"] = WIDGET_TEXT  # a fallback the notebook wrote itself stays
+            if WIDGET_VIEW in data:
+                del data[WIDGET_VIEW]
+                text = str(data.get("text/plain", ""))
+                if not text or WIDGET_REPR.match(text):
+                    data["text/plain"] = WIDGET_TEXT
+    nb.metadata.pop(WIDGET_STATE, None)  # no output refers to the stored models any more
     return nb
 
 
@@ -72,13 +82,14 @@ def render(path: Path, out_dir: Path, timeout: int = 600, store: bool = False) -
     nb = nbformat.read(path, as_version=4)
     start, error = time.time(), None
     try:
-        ExecutePreprocessor(timeout=timeout, kernel_name="python3", store_widget_state=True).preprocess(
+        ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(
             nb, {"metadata": {"path": str(path.parent)}})
     except CellExecutionError as e:
         error = str(e).strip().splitlines()[-1][:300]
     seconds = time.time() - start
+    stored_widgets_as_text(nb)  # handouts and stored notebooks alike: no widget that cannot redraw
     if store and error is None:
-        nbformat.write(without_widget_reprs(nb), path)
+        nbformat.write(nb, path)
     body, _ = HTMLExporter().from_notebook_node(nb)
     (out_dir / path.with_suffix(".html").name).write_text(body, encoding="utf-8")
     return title_of(nb), seconds, error

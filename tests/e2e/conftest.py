@@ -60,6 +60,9 @@ def lab(tmp_path_factory):
     for name, value in SETTINGS.items():
         (home / "settings" / name).parent.mkdir(parents=True, exist_ok=True)
         (home / "settings" / name).write_text(json.dumps(value))
+    lab = Lab(None, None, None, home)
+    for nb in sorted((ROOT / "notebooks").rglob("*.ipynb")):  # what `make lab` trusts
+        lab.trust(nb, True)
     port, token = free_port(), secrets.token_hex(16)
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}",
            "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
@@ -68,14 +71,17 @@ def lab(tmp_path_factory):
            f"--LabApp.workspaces_dir={home / 'workspaces'}"]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
+    # Its own data folder: the trust database is there, so what opens trusted is what this
+    # fixture signed, not what `make lab` or a saved notebook once signed on this machine.
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "JUPYTER_DATA_DIR": str(home / "data")}
     log = open(home / "server.log", "w")
     server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_for(lambda: _get(f"{base}/api/status?token={token}") is not None, 180,
                   lambda: f"JupyterLab did not start; its log:\n{(home / 'server.log').read_text()[-3000:]}")
-        yield Lab(base, token, server, home)
+        lab.base, lab.token, lab.server = base, token, server
+        yield lab
     finally:
         server.terminate()
         try:
@@ -89,6 +95,16 @@ def lab(tmp_path_factory):
 class Lab:
     def __init__(self, base, token, server, home):
         self.base, self.token, self.server, self.home = base, token, server, home
+
+    def trust(self, notebook, trusted: bool) -> None:
+        """Sign or unsign a notebook in this lab's own trust database (as `jupyter trust` does);
+        the server reads it each time a notebook opens."""
+        import nbformat
+        from nbformat.sign import NotebookNotary
+        (self.home / "data").mkdir(exist_ok=True)
+        notary = NotebookNotary(data_dir=str(self.home / "data"))
+        nb = nbformat.read(notebook, as_version=4)
+        notary.sign(nb) if trusted else notary.unsign(nb)
 
     def url(self, path: str) -> str:
         """A workspace of its own for each page: nothing that an earlier page opened reopens."""

@@ -57,8 +57,12 @@ class LabPage:
     def cell(self, index: int):
         return self.page.locator(f"#{self.id} .jp-Notebook .jp-Cell").nth(index)
 
+    def output_area(self, index: int):
+        """The cell's own output area: a widget's Output inside it is a .jp-OutputArea too."""
+        return self.cell(index).locator(".jp-Cell-outputArea")
+
     def output_text(self, index: int) -> str:
-        return self.cell(index).locator(".jp-OutputArea").inner_text()
+        return self.output_area(index).inner_text()
 
     def cell_outputs(self, index: int) -> list:
         return self.js(f"{PANEL}.content.widgets[{index}].model.outputs.toJSON()")

@@ -6,42 +6,18 @@ Ring-AllReduce stepper also step by step). Screenshots go to each test's tempora
 """
 from __future__ import annotations
 
-import ast
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-from conftest import processes_with, wait_until  # tests/conftest.py
+from conftest import processes_with, wait_until, widget_cells, widget_makers  # tests/conftest.py
 
 from .lab_page import NOTEBOOKS, ROOT, LabPage, widget_snapshot
 
 RING = "notebooks/03_ring_allreduce.ipynb"
-
-
-def widget_makers() -> set:
-    """Names of ddp_lab functions whose body imports ipywidgets."""
-    names = set()
-    for path in (ROOT / "ddp_lab").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef) and any(
-                    isinstance(n, (ast.Import, ast.ImportFrom)) and "ipywidgets" in ast.dump(n)
-                    for n in ast.walk(node)):
-                names.add(node.name)
-    return names
-
-
-def widget_cells() -> list:
-    """(notebook path, cell index) of every lesson cell that calls a widget maker."""
-    call = re.compile(r"\.(%s)\(" % "|".join(sorted(widget_makers())))
-    found = []
-    for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
-        cells = json.loads(nb.read_text())["cells"]
-        for i, c in enumerate(cells):
-            if c["cell_type"] == "code" and call.search("".join(c["source"])):
-                found.append((nb.relative_to(ROOT).as_posix(), i))
-    return found
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 @pytest.fixture
@@ -70,18 +46,31 @@ def test_notebook_opens_unmodified(open_notebook, path):
                             f"(kernelspec {page.js('window.jupyterapp.shell.currentWidget.context.model.metadata.kernelspec')})")
 
 
-def test_stepper_shows_a_picture_before_the_notebook_runs(open_notebook):
-    page = open_notebook(RING)
-    cell = page.cell(page.cell_index(r"ring_stepper\("))
-    cell.scroll_into_view_if_needed()
-    page.shot(cell, "stepper_before_running")
+@pytest.mark.parametrize("trusted", [True, False], ids=["trusted", "untrusted"])
+def test_stepper_says_what_it_does_before_the_notebook_runs(open_notebook, lab, trusted):
+    """Before a run the stepper has no kernel behind it: its cell shows one line saying what it
+    does once run, and the strip in the next cell shows every step. No control is drawn (a stored
+    widget would move without redrawing); the same in a notebook opened trusted (`make lab`) and
+    untrusted (a plain `jupyter lab`, a download)."""
+    lab.trust(ROOT / RING, trusted)
+    try:
+        page = open_notebook(RING)
+    finally:
+        lab.trust(ROOT / RING, True)
     index = page.cell_index(r"ring_stepper\(")
+    assert not [o for o in page.cell_outputs(index) if WIDGET_VIEW in o.get("data", {})], \
+        "the stored output is a widget: it would draw only where trusted, and never redraw"
+    cell = page.cell(index)
+    cell.scroll_into_view_if_needed()
+    page.output_area(index).wait_for(timeout=30_000)
+    page.shot(cell, "stepper_before_running")
     text = page.output_text(index)
-    assert "VBox(children=" not in text, f"the stepper shows its repr before running: {text[:120]!r}"
-    # a rendered widget, or one line saying what the cell shows once run, beside a static picture
-    rendered = cell.locator(".jp-OutputArea img, .jp-OutputArea .jupyter-widgets").count() > 0
-    says = "run this cell" in text and page.cell(index + 1).locator(".jp-OutputArea img").count() > 0
-    assert rendered or says, f"the stepper cell shows neither a picture nor what it will show: {text[:120]!r}"
+    assert "run this cell" in text and "VBox(children=" not in text, text[:200]
+    assert cell.locator(".jupyter-widgets").count() == 0, "a control is drawn with no kernel behind it"
+    strip = page.cell(index + 1)
+    strip.scroll_into_view_if_needed()
+    strip.locator(".jp-Cell-outputArea img").first.wait_for(timeout=30_000)
+    assert strip.locator(".jp-Cell-outputArea img").count() == 1, "no strip of the steps beside it"
 
 
 def test_ring_stepper_draws_every_step(open_notebook):
