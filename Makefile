@@ -8,8 +8,9 @@ LAB_ARGS ?=
 ROOT_ARG := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
 STRESS_ARGS ?=
+GPU_CHECK_ARGS ?=
 
-.PHONY: lab test e2e workbook bench stress clean
+.PHONY: lab test e2e workbook bench stress gpu-check clean
 
 # Reinstall only when the dependency files change (or the venv is new).
 $(STAMP): pyproject.toml
@@ -52,6 +53,11 @@ bench: $(STAMP)
 # process tests of the newer paths under pytest, the browser tests (well over an hour on 2 cores).
 stress: $(STAMP)
 	$(PY) benchmarks/stress.py $(STRESS_ARGS)
+
+# Every GPU path once, on a machine with CUDA (at most 8 minutes on one GPU); figures into
+# docs/gpu_results.md. Without CUDA: one line, exit 0.
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf build runs

@@ -1,0 +1,257 @@
+"""`make gpu-check`: every GPU path of the workbook, run once on a CUDA machine, in one command.
+
+    make gpu-check                                        # the venv's Python; results in docs/gpu_results.md
+    python3 benchmarks/gpu_check.py --out DIR --budget 480   # any Python with torch (a cluster's module)
+
+Without CUDA it prints one line and exits 0. With CUDA it runs, in this order, each check within
+what is left of --budget seconds (the rest are reported "not run"):
+  1. scripts/train_ddp.py on NCCL (2 ranks where there are 2 GPUs or more, else 1), ResNet-18 on
+     synthetic images: fp32 with TF32 off, fp32 with TF32 on, bf16, fp16 with the GradScaler,
+     bf16 with --sync-bn, bf16 with --compile; samples/s and the last loss of each;
+  2. scripts/allreduce_bench.py on NCCL up to 256 MB: the best bus bandwidth;
+  3. real nn.DataParallel over every GPU: one step's gradients against one module's;
+  4. a CUDA memory snapshot of training steps (torch.cuda.memory._record_memory_history and
+     _dump_snapshot, the file https://pytorch.org/memory_viz reads) and the peak memory;
+  5. nbval over every notebook (those with GPU cells first), so their GPU cells run.
+After each check the results so far are written into --doc as a section naming the date and the
+machine (newest run first, earlier runs kept), so a run cut short still leaves its figures.
+Logs and the snapshot go to --out. Exits 1 if a check that ran failed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_RUN = re.compile(r"<!-- no-run -->.*?<!-- /no-run -->\n?", re.S)
+RUNS = "<!-- runs -->"
+TRAIN = ["--dataset", "synthetic", "--model", "resnet18", "--batch-size", "128", "--epochs", "1",
+         "--max-steps", "60", "--log-every", "10", "--progress", "off", "--lr", "0.02"]
+# name, train_ddp.py flags, environment: TF32 is set through the environment so the script is unchanged
+# (NVIDIA_TF32_OVERRIDE=0 forbids it in cuBLAS and cuDNN; TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 allows it for matmuls)
+TRAIN_RUNS = [("fp32, TF32 off", ["--precision", "fp32"], {"NVIDIA_TF32_OVERRIDE": "0"}),
+              ("fp32, TF32 on", ["--precision", "fp32"], {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}),
+              ("bf16 autocast", ["--precision", "bf16"], {}),
+              ("fp16 + GradScaler", ["--precision", "fp16"], {}),
+              ("bf16 + SyncBatchNorm", ["--precision", "bf16", "--sync-bn"], {}),
+              ("bf16 + torch.compile", ["--precision", "bf16", "--compile"], {})]
+MIN_LEFT = 15  # seconds: a check is not started with less of the budget left
+BENCH = ["--min-bytes", "1M", "--max-bytes", "256M", "--iters", "20", "--warmup", "5"]
+
+
+@dataclass
+class Result:
+    name: str
+    status: str          # pass, fail, not run
+    figure: str = ""
+    seconds: float = 0.0
+
+
+def torchrun(nproc: int, script: str, args: list) -> list:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            str(ROOT / "scripts" / script), *args]
+
+
+def run(cmd: list, log: Path, timeout: float, env: dict | None = None) -> tuple[int, str]:
+    """Runs a command in its own process group (torchrun's ranks included), output to `log`;
+    on timeout the whole group is killed. Returns (exit status, last lines); 124 on timeout."""
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=f,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = p.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            code = 124
+    return code, "\n".join(log.read_text(errors="replace").splitlines()[-3:])
+
+
+def train_figure(metrics: Path) -> str:
+    """Median samples/s of the train records after the first (warm-up) window, and the last loss."""
+    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    train = [r for r in recs if r.get("kind") == "train"][1:]
+    if not train:
+        return "no train record"
+    sps = statistics.median(r["samples_per_s"] for r in train)
+    return f"{sps:,.0f} samples/s, last loss {train[-1]['loss']:.4f}"
+
+
+def bench_figure(doc: Path) -> str:
+    results = json.loads(doc.read_text())["results"]
+    best = max(results, key=lambda r: r["busbw"])
+    return f"busbw {best['busbw'] / 1e9:.1f} GB/s at {best['bytes'] / 2**20:.0f} MiB (world {json.loads(doc.read_text())['world_size']})"
+
+
+def dataparallel_check(device_ids: list) -> str:
+    """One step of nn.DataParallel over `device_ids` against the same module on one device:
+    the gradients must agree (DataParallel scatters the batch and sums the replicas' gradients)."""
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    x, y = torch.randn(512, 64), torch.randint(0, 10, (512,))
+    first = torch.device("cuda", device_ids[0]) if device_ids else torch.device("cpu")
+    single = model.to(first)
+    torch.nn.functional.cross_entropy(single(x.to(first)), y.to(first)).backward()
+    expected = [p.grad.clone() for p in single.parameters()]
+    single.zero_grad()
+    dp = torch.nn.DataParallel(single, device_ids=device_ids or None)
+    torch.nn.functional.cross_entropy(dp(x.to(first)), y.to(first)).backward()
+    diff = max((p.grad - e).abs().max().item() for p, e in zip(single.parameters(), expected))
+    assert diff < 1e-4, f"DataParallel's gradients differ from one module's by {diff:.2e}"
+    return f"{len(device_ids)} GPU(s), gradients equal to one module's (max difference {diff:.1e})"
+
+
+def memory_check(snapshot: Path) -> str:
+    """A few training steps with the allocator's history recorded; the snapshot must hold them."""
+    import pickle
+    import torch
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(8)]).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    for _ in range(3):
+        model(torch.randn(256, 2048, device="cuda")).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.memory._dump_snapshot(str(snapshot))
+    torch.cuda.memory._record_memory_history(enabled=None)
+    snap = pickle.loads(snapshot.read_bytes())
+    events = sum(len(t) for t in snap["device_traces"])
+    assert snap["segments"] and events, "the snapshot holds no segment or no allocation event"
+    peak = torch.cuda.max_memory_allocated() / 2**20
+    return f"{len(snap['segments'])} segments, {events} allocator events, peak {peak:,.0f} MiB; view {snapshot.name} at pytorch.org/memory_viz"
+
+
+def notebooks_first_gpu() -> list:
+    """Every lesson and solution, those whose code mentions CUDA first."""
+    books = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")) + sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
+    gpu = [b for b in books if "cuda" in "".join("".join(c["source"]) for c in json.loads(b.read_text())["cells"]
+                                                 if c["cell_type"] == "code")]
+    return gpu + [b for b in books if b not in gpu]
+
+
+def nbval_figure(log_text: str) -> tuple[bool, str]:
+    counts = {k: len(re.findall(rf"::Cell \d+ {k}", log_text)) for k in ("PASSED", "FAILED", "ERROR")}
+    books = sorted({m for m in re.findall(r"(notebooks/\S+\.ipynb)::Cell \d+ FAILED", log_text)})
+    ok = counts["FAILED"] == counts["ERROR"] == 0
+    return ok, (f"{counts['PASSED']} cells passed, {counts['FAILED'] + counts['ERROR']} failed"
+                + (f" ({', '.join(Path(b).name for b in books)})" if books else ""))
+
+
+def machine() -> dict:
+    import torch
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip().splitlines()
+    cap = torch.cuda.get_device_capability(0)
+    return {"gpus": torch.cuda.device_count(), "name": torch.cuda.get_device_name(0),
+            "smi": smi[0] if smi else "nvidia-smi: not found", "capability": f"{cap[0]}.{cap[1]}",
+            "native_bf16": cap >= (8, 0), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+
+
+def section(started: str, m: dict, results: list) -> str:
+    lines = [f"## {started}: {m['gpus']} × {m['name']}",
+             "",
+             f"nvidia-smi: {m['smi']}; compute capability {m['capability']} "
+             f"(bf16 {'in hardware' if m['native_bf16'] else 'emulated: no bf16 tensor cores before 8.0'}); "
+             f"torch {m['torch']}, CUDA {m['cuda']}, NCCL {m['nccl']}. `make gpu-check`, {sum(r.seconds for r in results):.0f} s.",
+             "",
+             "| check | result | figure | seconds |", "|---|---|---|---|"]
+    lines += [f"| {r.name} | {r.status} | {r.figure.replace('|', '/')} | {r.seconds:.0f} |" for r in results]
+    return "\n".join(lines) + "\n"
+
+
+def write_doc(doc: Path, started: str, m: dict, results: list) -> None:
+    """Puts this run's section first under the runs marker, replacing its own earlier write."""
+    text = doc.read_text() if doc.exists() else f"# GPU results\n\n{RUNS}\n"
+    if RUNS not in text:
+        text = text.rstrip("\n") + f"\n\n{RUNS}\n"
+    head, runs = text.split(RUNS, 1)
+    runs = re.sub(rf"\n## {re.escape(started)}:.*?(?=\n## |\Z)", "", "\n" + runs.lstrip("\n"), flags=re.S)
+    text = NO_RUN.sub("", head) + RUNS + "\n\n" + section(started, m, results) + runs.rstrip("\n") + "\n"
+    tmp = doc.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, doc)  # whole file or nothing
+
+
+def plan(out: Path, nproc: int) -> list:
+    """The checks in order: (name, command, environment, seconds at most, how to read its figure)."""
+    jobs = []
+    for name, flags, env in TRAIN_RUNS:
+        metrics = out / f"train_{len(jobs)}.jsonl"
+        jobs.append((f"train_ddp.py {name}", torchrun(nproc, "train_ddp.py", [*TRAIN, *flags, "--metrics-out", str(metrics)]),
+                     env, 120, lambda metrics=metrics: train_figure(metrics)))
+    bench = out / "allreduce.json"
+    jobs.append((f"allreduce_bench.py, NCCL, {nproc} rank(s)", torchrun(nproc, "allreduce_bench.py", [*BENCH, "--json-out", str(bench)]),
+                 {}, 90, lambda: bench_figure(bench)))
+    for inner, name in (("dataparallel", "nn.DataParallel"), ("memory", "memory snapshot")):
+        jobs.append((name, [sys.executable, str(Path(__file__).resolve()), "--inner", inner, "--out", str(out)], {}, 90, None))
+    books = [str(b.relative_to(ROOT)) for b in notebooks_first_gpu()]
+    jobs.append(("nbval, every notebook", [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *books],
+                 {}, 10**6, "nbval"))
+    return jobs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "build" / "gpu_check"), help="logs, metrics, the snapshot")
+    ap.add_argument("--doc", default=str(ROOT / "docs" / "gpu_results.md"), help="where the figures are written")
+    ap.add_argument("--budget", type=float, default=480, help="seconds for all checks together (default 480)")
+    ap.add_argument("--inner", choices=["dataparallel", "memory"], help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    import torch
+    if a.inner:  # one check in its own process: a CUDA error there cannot take the others down
+        ids = list(range(torch.cuda.device_count()))
+        print(dataparallel_check(ids) if a.inner == "dataparallel" else memory_check(Path(a.out) / "memory_snapshot.pickle"))
+        return 0
+    if not torch.cuda.is_available():
+        print(f"gpu-check: no CUDA device here (torch {torch.__version__}), nothing to check; "
+              "run `make gpu-check` on a machine with an NVIDIA GPU")
+        return 0
+    out, doc, end = Path(a.out), Path(a.doc), time.time() + a.budget
+    out.mkdir(parents=True, exist_ok=True)
+    m, started = machine(), datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    nproc = 2 if m["gpus"] >= 2 else 1
+    print(f"gpu-check: {m['gpus']} × {m['name']}, torch {m['torch']}, {nproc} rank(s), budget {a.budget:.0f} s", flush=True)
+    jobs = plan(out, nproc)
+    results, failed = [], False
+    for i, (name, cmd, env, limit, figure) in enumerate(jobs):
+        left = end - time.time()
+        if left < MIN_LEFT:
+            results.append(Result(name, "not run", f"the {a.budget:.0f} s budget was spent"))
+            continue
+        t0, log = time.time(), out / f"{i:02d}.log"
+        code, tail = run(cmd, log, min(limit, left), env)
+        r = Result(name, "pass" if code == 0 else "fail", seconds=time.time() - t0)
+        try:
+            if figure == "nbval":
+                ok, r.figure = nbval_figure(log.read_text(errors="replace"))
+                r.status = "fail" if not ok or code not in (0, 124) else ("pass" if code == 0 else "cut at the budget")
+            elif code == 0:
+                r.figure = figure() if figure else (tail.splitlines() or [""])[-1]
+            else:
+                r.figure = ("timed out: " if code == 124 else f"exit {code}: ") + tail.replace("\n", " / ")[-300:]
+        except (OSError, ValueError, KeyError) as e:
+            r.status, r.figure = "fail", f"no figure: {e}"
+        failed |= r.status == "fail"
+        results.append(r)
+        print(f"  {r.status:9s} {name}: {r.figure} ({r.seconds:.0f} s)", flush=True)
+        write_doc(doc, started, m, results)
+    write_doc(doc, started, m, results)
+    print(f"gpu-check: written to {doc}; logs in {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
