@@ -180,7 +180,8 @@ def _has_batchnorm(m: Module) -> bool | None:
 
 @rule("DDP005", "broadcast_buffers=False in a model with BatchNorm: each rank's running statistics "
       "follow its own data and drift apart, so the ranks evaluate different models.",
-      fix="keep the default broadcast_buffers=True, or convert to SyncBatchNorm before wrapping",
+      fix="drop broadcast_buffers=False and keep the default (forward_sync_buffers=True, the name since torch 2.13; "
+          "the old one warns), or convert to SyncBatchNorm before wrapping",
       section="buffers")
 def no_buffer_broadcast(m: Module):
     if not _has_batchnorm(m):

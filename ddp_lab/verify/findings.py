@@ -201,7 +201,8 @@ def _differs(what, step, ranks, steps, ref) -> Finding | None:
                            f"buffers differ from rank {ranks[0]} after step {step}: {shown}",
                            "DistributedDataParallel(broadcast_buffers=False): each rank keeps its own running "
                            "statistics, so evaluation and checkpoints depend on the rank",
-                           "keep broadcast_buffers=True (the default), or use SyncBatchNorm on GPUs")
+                           "drop broadcast_buffers=False and keep the default (forward_sync_buffers=True, the name "
+                           "since torch 2.13), or use SyncBatchNorm on GPUs")
         lrs = {q: steps[q][step]["lr"] for q in ranks}
         agreed = [t for t in sorted(steps[ranks[0]]) if t < step
                   and all(steps[q].get(t, {}).get("lr") == steps[ranks[0]][t]["lr"] for q in ranks)]
