@@ -1,9 +1,12 @@
 """The script ladder (scripts/minimal_ddp.py ... scripts/train_ddp.py) stays a ladder.
 
 Each rung is a small diff of the one before, changes exactly the functions it says it changes
-(a fix made to train_ddp.py alone fails here until the rungs below it have it too), runs on its
-own under torchrun, and from rung 2 up trains exactly like the rung before it when its new
-features are off (rung 2 trains on the digits, rung 1 on a small synthetic set of its own).
+(a fix made to train_ddp.py alone fails here until the rungs below it have it too), trains on two
+ranks, and from rung 2 up trains exactly like the rung before it when its new features are off
+(rung 2 trains on the digits, rung 1 on a small synthetic set of its own). The trainings share one
+launch (ddp_lab/experiments/nb06b_ladder.py calls each rung's own train(), as notebook 06b does):
+each rung file run on its own under torchrun, main() included, is tests/test_verify_ladder.py's
+(every rung to the end on 2 ranks, under `ddp-lab verify`).
 """
 import json
 import math
@@ -52,41 +55,43 @@ def test_changed_definitions_sees_a_one_line_fix(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    """Every rung launched on its own: 2 ranks, one epoch (about 10 s each), its features off
-    (from rung 4 up that means a constant learning rate: the cosine schedule is on by default)."""
+    """Every rung's train() on 2 ranks, one epoch each, its features off (from rung 4 up that means a
+    constant learning rate: the cosine schedule is on by default), in one launch: (folder, the Run,
+    rank 0's lines by rung)."""
     d = tmp_path_factory.mktemp("ladder")
-    runs = {}
-    for k, rung in enumerate(ladder.RUNGS, 1):
-        flags = ["--epochs", "1"] + (["--metrics-out", d / f"rung{k}.jsonl"] if k > 1 else [])
-        flags += ["--lr-schedule", "constant"] if k >= 4 else []
-        runs[k] = launch.torchrun(rung.file, nproc=2, stream=False, args=flags,
-                                  env={"MINIMAL_DDP_OUT": str(d / "minimal.pt")})
-    return d, runs
+    run = launch.torchrun("-m ddp_lab.experiments.nb06b_ladder", nproc=2, stream=False,
+                          args=["--epochs", "1", "--out", str(d)])
+    by_rung, k = {}, 0
+    for line in run.rank_lines[0]:
+        if line.startswith("--- rung "):
+            k = int(line.split()[2].rstrip(":"))
+        by_rung.setdefault(k, []).append(line)
+    return d, run, by_rung
 
 
 def records(path, kind):
     return [r for r in map(json.loads, Path(path).read_text().splitlines()) if r["kind"] == kind]
 
 
-def test_every_rung_runs_with_two_ranks(launched):
-    d, runs = launched
-    assert all(run.returncode == 0 for run in runs.values())
-    assert any(line.startswith("epoch 0 loss") for line in runs[1].rank_lines[0])
-    assert sorted(torch.load(d / "minimal.pt", weights_only=True)) == ["1.bias", "1.weight", "3.bias", "3.weight"]
+def test_every_rung_trains_on_two_ranks(launched):
+    d, run, by_rung = launched
+    assert run.returncode == 0 and sorted(k for k in by_rung if k) == list(range(1, len(ladder.RUNGS) + 1)), sorted(by_rung)
+    assert any(line.startswith("epoch 0 loss") for line in by_rung[1])
+    assert sorted(torch.load(d / "minimal_ddp.pt", weights_only=True)) == ["1.bias", "1.weight", "3.bias", "3.weight"]
     for k in range(2, len(ladder.RUNGS) + 1):
         (ev,) = records(d / f"rung{k}.jsonl", "eval")
         assert ev["count"] == 297 and ev["acc"] > 0.5, (k, ev)   # every validation digit, once
-        assert not any(line.startswith("eval") for line in runs[k].rank_lines.get(1, []))  # rank 0 prints
+    assert not any(line.startswith("eval") for line in run.rank_lines.get(1, []))  # rank 0 prints
 
 
 def test_a_rung_trains_exactly_like_the_one_before_when_its_features_are_off(launched):
-    d, runs = launched
+    d, run, by_rung = launched
     ev = {k: records(d / f"rung{k}.jsonl", "eval")[0] for k in range(2, len(ladder.RUNGS) + 1)}
     # rung 3 adds checkpoints (off without --ckpt-dir), rung 4 precision, accumulation, clipping and
     # a schedule (fp32, 1, none, constant here); rungs 5-8 checks, data, models and tools: all off
     assert len({(ev[k]["loss"], ev[k]["acc"]) for k in range(2, len(ladder.RUNGS) + 1)}) == 1, ev
     # rung 1 trains on its own synthetic two-class set: read its last epoch loss, better than chance
-    (last,) = [line for line in runs[1].rank_lines[0] if line.startswith("epoch 0 loss")]
+    (last,) = [line for line in by_rung[1] if line.startswith("epoch 0 loss")]
     assert float(last.split()[-1]) < math.log(2)
 
 

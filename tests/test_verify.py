@@ -1,14 +1,15 @@
 """ddp-lab verify on small look-alike scripts (tests/verify_scripts/): each broken one is found with
 the right category, rank and step, and nothing else; the correct ones give no finding.
 
-One verify per script, cached for the module (a 2-rank launch costs 8-30 s here), at --steps 3.
+One verify per script at --steps 3, all of them run for the module two at a time (a 2-rank launch
+costs 8-30 s here, much of it waiting), each parsed from its own `ddp-lab verify` command line.
 """
-import contextlib
-import io
+import argparse
 import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,24 +27,39 @@ OPTIONS = {"bad_nan_skip": ["--pg-timeout", "15", "--timeout", "120"], "uneven_s
 NO_STEP_LIMIT = {"bad_nan_skip"}
 
 
+SCRIPTS = sorted(p.stem for p in HERE.glob("*.py"))
+
+
+def _verify(name):
+    """(exit status, JSON report) of `ddp-lab verify --json [options] -- tests/verify_scripts/NAME.py`."""
+    from ddp_lab.verify import command
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    steps = [] if name in NO_STEP_LIMIT else ["--steps", "3"]
+    args = parser.parse_args([*steps, *OPTIONS.get(name, []), "--json", "--", str(HERE / f"{name}.py")])
+    report = command.report_for(args)
+    return report.status, json.loads(json.dumps(report.to_dict()))
+
+
 @pytest.fixture(scope="module")
 def verified():
-    """verified(name, *args) -> (exit status, JSON report) of `ddp-lab verify --json`, run once."""
-    cache = {}
+    """verified(name) -> (exit status, JSON report): every script verified once, two at a time."""
+    before = sorted(p.name for p in HERE.iterdir())
+    with ThreadPoolExecutor(2) as pool:
+        cache = dict(zip(SCRIPTS, pool.map(_verify, SCRIPTS)))
+    assert sorted(p.name for p in HERE.iterdir()) == before, "verify wrote into the scripts' folder"
+    return cache.__getitem__
 
-    def get(name, *args):
-        if (name, args) not in cache:
-            before = sorted(p.name for p in HERE.iterdir())
-            script = str(HERE / f"{name}.py") if not name.startswith("/") else name
-            steps = [] if name in NO_STEP_LIMIT else ["--steps", "3"]
-            argv = ["verify", "--json", *steps, *OPTIONS.get(name, []), "--", script, *args]
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                status = cli.main(argv)
-            assert sorted(p.name for p in HERE.iterdir()) == before, "verify wrote into the script's folder"
-            cache[(name, args)] = status, json.loads(out.getvalue())
-        return cache[(name, args)]
-    return get
+
+def test_the_command_line_reports_what_the_api_does(verified, capsys):
+    """The shared runs above go through command.report_for; `ddp-lab verify --json` prints the same."""
+    assert cli.main(["verify", "--json", "--steps", "3", "--", str(HERE / "cannot_run.py")]) == 2
+    printed = json.loads(capsys.readouterr().out)
+    status, report = verified("cannot_run")
+    assert status == 2 and printed["findings"] == report["findings"] == []
+    # the same error, whichever rank failed first (both fail on the missing file)
+    same = [e.split(" failed: ", 1)[1] for e in (printed["error"], report["error"])]
+    assert same[0] == same[1] and "data/train.bin" in same[0], (printed["error"], report["error"])
 
 
 @pytest.mark.parametrize("name", ["good_plain", "good_nanogpt"])

@@ -3,7 +3,7 @@ that trains (a DDP model, an optimizer step over data): no finding, on 2 ranks, 
 
 Each program runs with the smallest arguments that still train it as written (the digits rungs:
 2 epochs of batch 256, so both epochs' orders are compared); one verify is one launch (2 ranks),
-so the launch dominates the cost, not the steps. A demo whose bug is the lesson runs in its correct
+so the launch dominates the cost, not the steps, and the verifies run two at a time. A demo whose bug is the lesson runs in its correct
 mode (nb02_uneven.py --fix join; with --fix none it hangs, which verify reports as the hang).
 
 Out of scope, with the reason (each experiment is either in PROGRAMS or named here):
@@ -35,6 +35,7 @@ Out of scope, with the reason (each experiment is either in PROGRAMS or named he
   nb09b_parallelisms.py  tensor and pipeline parallelism by hand: split across ranks by design
 """
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -68,15 +69,29 @@ def test_every_experiment_is_verified_or_said_out_of_scope():
             f"{p.name}: add it to PROGRAMS, or to the docstring's list with the reason it does not train"
 
 
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """Every program verified once, two at a time, from a folder of its own: verify writes nothing
+    in the caller's folder (relative paths land in its scratch folder)."""
+    caller = tmp_path_factory.mktemp("caller")
+    here = os.getcwd()
+    os.chdir(caller)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            done = dict(zip(PROGRAMS, pool.map(lambda n: verify(str(_path(n)), list(PROGRAMS[n][0])), PROGRAMS)))
+    finally:
+        os.chdir(here)
+    return done, caller
+
+
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_verify_finds_nothing(name, tmp_path, monkeypatch):
+def test_verify_finds_nothing(name, reports):
     args, steps = PROGRAMS[name]
-    monkeypatch.chdir(tmp_path)  # the caller's folder: verify writes nothing here
-    report = verify(str(_path(name)), list(args))
+    report, caller = reports[0][name], reports[1]
     text = report.text()
     assert report.status == 0 and report.findings == [] and report.error is None, text
     assert report.notes == [], text  # e.g. "one pass seen": the run compared less than it should
     (run,) = report.runs
     assert (run["ranks"], run["returncode"], run["steps"]) == (2, 0, steps), text
     assert text.splitlines()[-1].startswith(f"ddp-lab verify: 0 findings; ran 2 ranks ({run['steps']} steps)")
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(caller) == []

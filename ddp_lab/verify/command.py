@@ -44,14 +44,19 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ddp_lab.verify.runner import verify
     for name in ("nproc", "steps", "kill_at_step"):
         value = getattr(args, name)
         if value is not None and value < 1:
             print(f"ddp-lab verify: --{name.replace('_', '-')} must be at least 1 (got {value})")
             return 2
-    report = verify(args.script, args.args, nproc=args.nproc, steps=args.steps, uneven=args.uneven,
-                    timeout=args.timeout, pg_timeout=args.pg_timeout, keep=args.keep, resume=args.resume,
-                    kill_at=args.kill_at_step)
+    report = report_for(args)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
     return report.status
+
+
+def report_for(args):
+    """The Report of one verify, from the parsed command line (no output)."""
+    from ddp_lab.verify.runner import verify
+    return verify(args.script, args.args, nproc=args.nproc, steps=args.steps, uneven=args.uneven,
+                  timeout=args.timeout, pg_timeout=args.pg_timeout, keep=args.keep, resume=args.resume,
+                  kill_at=args.kill_at_step)
