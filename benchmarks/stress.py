@@ -125,8 +125,8 @@ PROCESS_TESTS = ("tests/test_autopsy.py", "tests/test_train_ddp_steps.py",
                  "tests/test_verify_ladder.py")
 
 
-def stress_tests(passes: int, timeout: float, files: str) -> tuple[int, list[str]]:
-    chosen = [f for f in (files.split(",") if files else PROCESS_TESTS) if (ROOT / f).is_file()]
+def stress_tests(passes: int, timeout: float, files: str, label: str = "tests") -> tuple[int, list[str]]:
+    chosen = [f for f in (files.split(",") if files else PROCESS_TESTS) if (ROOT / f).exists()]
     failures, n = [], 0
     for p in range(passes):
         for f in chosen:
@@ -135,21 +135,9 @@ def stress_tests(passes: int, timeout: float, files: str) -> tuple[int, list[str
             ok, tail = run_one(cmd, ROOT, dict(os.environ), timeout)
             if not ok:
                 failures.append(f"pass {p + 1} {f}: {tail}")
-            print(f"\r  tests: {n}/{passes * len(chosen)} runs, {len(failures)} failures", end="", flush=True)
+            print(f"\r  {label}: {n}/{passes * len(chosen)} runs, {len(failures)} failures", end="", flush=True)
     print()
     return n, failures
-
-
-def stress_e2e(passes: int, timeout: float) -> tuple[int, list[str]]:
-    failures = []
-    for p in range(passes):
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/e2e"]
-        ok, tail = run_one(cmd, ROOT, dict(os.environ), timeout)
-        if not ok:
-            failures.append(f"pass {p + 1} tests/e2e: {tail}")
-        print(f"\r  browser tests: {p + 1}/{passes} passes, {len(failures)} failures", end="", flush=True)
-    print()
-    return passes, failures
 
 
 def main(argv=None) -> int:
@@ -179,7 +167,8 @@ def main(argv=None) -> int:
         results.append(("process tests (pytest)", *stress_tests(a.test_passes, a.timeout, a.tests)))
     if a.e2e_passes:
         print(f"browser tests: {a.e2e_passes} passes of tests/e2e")
-        results.append(("browser tests (tests/e2e)", *stress_e2e(a.e2e_passes, max(a.timeout, 1800))))
+        results.append(("browser tests (tests/e2e)",
+                        *stress_tests(a.e2e_passes, max(a.timeout, 1800), "tests/e2e", "browser tests")))
     for _, _, failures in results:
         for f in failures:
             print(f"\n--- failure: {f}")
