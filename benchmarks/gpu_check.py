@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -152,12 +153,12 @@ def nbval_figure(log_text: str) -> tuple[bool, str]:
 def machine() -> dict:
     import torch
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip().splitlines()
-    cap = torch.cuda.get_device_capability(0)
+                         capture_output=True, text=True).stdout.strip().splitlines() if shutil.which("nvidia-smi") else []
+    cap, nccl = torch.cuda.get_device_capability(0), torch.cuda.nccl.version()  # a tuple, an int in old torch
     return {"gpus": torch.cuda.device_count(), "name": torch.cuda.get_device_name(0),
             "smi": smi[0] if smi else "nvidia-smi: not found", "capability": f"{cap[0]}.{cap[1]}",
             "native_bf16": cap >= (8, 0), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+            "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)}
 
 
 def section(started: str, m: dict, results: list) -> str:
