@@ -89,9 +89,9 @@ def train_figure(metrics: Path) -> str:
 
 
 def bench_figure(doc: Path) -> str:
-    results = json.loads(doc.read_text())["results"]
-    best = max(results, key=lambda r: r["busbw"])
-    return f"busbw {best['busbw'] / 1e9:.1f} GB/s at {best['bytes'] / 2**20:.0f} MiB (world {json.loads(doc.read_text())['world_size']})"
+    bench = json.loads(doc.read_text())
+    best = max(bench["results"], key=lambda r: r["busbw"])
+    return f"busbw {best['busbw'] / 1e9:.1f} GB/s at {best['bytes'] / 2**20:.0f} MiB (world {bench['world_size']})"
 
 
 def dataparallel_check(device_ids: list) -> str:
