@@ -159,7 +159,8 @@ def validate(args) -> None:
     cuda = pick_device(args.device, args.backend, int(os.environ.get("LOCAL_WORLD_SIZE", 1)), gpus)[0] == "cuda"
     if args.sync_bn and not cuda:
         raise UsageError("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel): drop --sync-bn on CPU; "
-                         "DDP's default broadcast_buffers=True keeps BatchNorm stats equal across ranks")
+                         "each rank then normalises with its own batch's statistics (DDP's buffer broadcast "
+                         "only equalises the running averages), so keep the per-rank batch large enough")
     if args.dataset == "imagefolder":
         for split in ("train", "val"):
             if not os.path.isdir(os.path.join(args.data_dir, split)):

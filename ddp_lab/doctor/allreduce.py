@@ -55,10 +55,13 @@ def worker(rank: int, world: int, port: int, backend: str, megabytes: float) -> 
     import torch.distributed as dist
     timeout = datetime.timedelta(seconds=WORKER_TIMEOUT_S)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timeout)
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    local_rank = rank   # every rank runs on this machine; on a cluster it is LOCAL_RANK, never RANK
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    bound = {}
     if backend == "nccl":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        bound = {"device_id": device}   # NCCL binds this GPU at once, and barrier() knows it
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, **bound)
     try:
         x = torch.full((1,), float(rank + 1), device=device)
         dist.all_reduce(x)

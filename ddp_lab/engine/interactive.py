@@ -90,15 +90,19 @@ def _join_code(rank: int, world: int, port: int, backend: str, timeout: float) -
     return f"""
 import datetime, os, torch, torch.distributed as dist
 rank, world_size = {rank}, {world}
+local_rank = {rank}  # every rank lives on this machine; on a cluster: int(os.environ["LOCAL_RANK"])
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}", RANK="{rank}",
                   WORLD_SIZE="{world}", LOCAL_RANK="{rank}")
+bound = {{}}
 if "{backend}" == "nccl":
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
+    device = torch.device("cuda", local_rank)  # the GPU by local rank, never by global rank
+    torch.cuda.set_device(device)
+    bound = {{"device_id": device}}            # NCCL binds it at once, and barrier() knows it
 else:
     device = torch.device("cpu")
 dist.init_process_group("{backend}", rank=rank, world_size=world_size,
-                        timeout=datetime.timedelta(seconds={timeout}))
+                        timeout=datetime.timedelta(seconds={timeout}), **bound)
+del bound
 get_ipython().InteractiveTB.set_mode("Plain")  # a rank's error: each frame in two lines
 """
 

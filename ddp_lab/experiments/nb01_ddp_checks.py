@@ -77,7 +77,7 @@ def bn_drift(ctx, mode: str) -> None:
     if mode == "sync_bn":
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     net = net.to(ctx.device)
-    with warnings.catch_warnings():  # torch 2.14 renames it forward_sync_buffers; the article uses the old name
+    with warnings.catch_warnings():  # called forward_sync_buffers since torch 2.13; the article uses the old name
         warnings.simplefilter("ignore", FutureWarning)
         model = DDP(net, broadcast_buffers=(mode != "no_broadcast"))   # the survey article passes False
     seen = {}

@@ -8,8 +8,25 @@ import torch
 
 def good(obj, path):
     tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def renames_without_fsync(obj, path):
+    tmp = f"{path}.tmp"
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def fsyncs_after_the_rename(obj, path):
+    tmp = f"{path}.tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 def straight_to_the_file(obj, path):
@@ -41,4 +58,6 @@ MISTAKES = {
     "temporary file in another folder": (temporary_in_another_folder, "only within one file system"),
     "copies and leaves the temporary": (copies_and_leaves_the_temporary, "files left in the folder"),
     "swallows the error": (swallows_the_error, "let the error through"),
+    "renames without fsync": (renames_without_fsync, "without os.fsync() first"),
+    "fsyncs after the rename": (fsyncs_after_the_rename, "without os.fsync() first"),
 }

@@ -1,0 +1,44 @@
+"""No notebook, module or script picks a GPU by global rank (on node 2 of 8-GPU nodes, rank 9
+would ask for a ninth GPU), and the live ranks bind their GPU in init_process_group."""
+import types
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ddp_lab import check
+from ddp_lab.engine import interactive
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_workbook_never_picks_a_gpu_by_global_rank():
+    findings, errors, checked = check.check_paths(
+        [ROOT / "ddp_lab", ROOT / "scripts", ROOT / "notebooks"], select=["DDP018"])
+    assert checked > 100 and not errors, errors
+    assert findings == [], "\n".join(f"{f.path}:{f.line}: {f.message}" for f in findings)
+
+
+def _join(monkeypatch, backend: str):
+    calls = {}
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.setdefault("set_device", d))
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: calls.setdefault("init", kw))
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)   # the join code sets them; monkeypatch restores them
+    shell = types.SimpleNamespace(InteractiveTB=types.SimpleNamespace(set_mode=lambda mode: None))
+    namespace = {"get_ipython": lambda: shell}
+    exec(interactive._join_code(1, 2, 29999, backend, 5), namespace)
+    return calls, namespace
+
+
+def test_live_nccl_ranks_bind_the_gpu_of_their_local_rank(monkeypatch):
+    calls, ns = _join(monkeypatch, "nccl")
+    assert ns["local_rank"] == 1 and ns["device"] == torch.device("cuda", 1)
+    assert calls["set_device"] == torch.device("cuda", 1)
+    assert calls["init"]["device_id"] == torch.device("cuda", 1)   # no barrier() device warning
+
+
+def test_live_gloo_ranks_stay_on_the_cpu_without_a_device_id(monkeypatch):
+    calls, ns = _join(monkeypatch, "gloo")
+    assert ns["device"] == torch.device("cpu") and "set_device" not in calls
+    assert "device_id" not in calls["init"] and calls["init"]["rank"] == 1
