@@ -69,10 +69,12 @@ RECIPES = {
 }
 DEFAULT = "torch amp+adam"   # the layout notebook 09 measures, tensor by tensor
 
-# The tool that gives each stage in each layout. torch has no ZeRO-2 of its own: FSDP2 with
-# reshard_after_forward=False communicates like ZeRO-2 but shards the weights at rest too and
-# holds each layer's weights whole from its forward to its backward.
-TOOLS = {TORCH: {"ddp": "DDP", "zero1": "DDP + ZeroRedundancyOptimizer", "zero2": "none in torch",
+# The tool that gives each stage in each layout. torch's ZeRO-2 is ZeRO-2-like: FSDP2 with
+# reshard_after_forward=False (FSDP1's SHARD_GRAD_OP) shards gradients and optimizer state like
+# ZeRO-2, but shards the weights at rest too (persistent memory below ZeRO-2's) and holds each
+# layer's weights whole from its forward to its backward (peak memory above ZeRO-3's).
+TOOLS = {TORCH: {"ddp": "DDP", "zero1": "DDP + ZeroRedundancyOptimizer",
+                 "zero2": "ZeRO-2-like: FSDP2 fully_shard(reshard_after_forward=False), FSDP1 SHARD_GRAD_OP",
                  "zero3": "FSDP2 fully_shard"},
          DEEPSPEED: {"ddp": "ZeRO stage 0", "zero1": "ZeRO stage 1", "zero2": "ZeRO stage 2",
                      "zero3": "ZeRO stage 3"}}
