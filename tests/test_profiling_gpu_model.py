@@ -8,11 +8,42 @@ from ddp_lab.lessons.profiling import model as pm
 
 
 def test_communication_hides_only_under_backward():
-    r = pm.cluster(25.6e6, 8, "25 Gb/s Ethernet", compute_ms=200, overlap=1.0)
+    r = pm.cluster(25.6e6, 8, "25 Gb/s Ethernet", compute_ms=200, overlap=1.0, scaling="strong")
     backward = 200 / 8 * pm.BACKWARD_SHARE
     assert r["backward_ms"] == pytest.approx(backward)
     assert r["exposed_ms"] >= r["comm_ms"] - backward - 1e-9
     assert r["speedup"] < 4        # 8 GPUs, 25 ms of compute each, a 60 ms all-reduce
+
+
+def test_weak_and_strong_scaling_differ_as_the_model_says():
+    """Fixed per-GPU batch (the default): backward keeps its one-GPU length, the speedup counts n
+    batches per step. Fixed global batch: backward shrinks like 1/n. Same all-reduce in both."""
+    n, ms, overlap = 8, 200.0, 0.7
+    for link in pm.LINKS:
+        weak = pm.cluster(25.6e6, n, link, ms, overlap)
+        strong = pm.cluster(25.6e6, n, link, ms, overlap, scaling="strong")
+        assert weak["scaling"] == "weak" and strong["scaling"] == "strong"
+        assert weak["backward_ms"] == pytest.approx(ms * pm.BACKWARD_SHARE)
+        assert strong["backward_ms"] == pytest.approx(ms / n * pm.BACKWARD_SHARE)
+        assert weak["comm_ms"] == strong["comm_ms"] and weak["buckets"] == strong["buckets"]
+        assert weak["exposed_ms"] <= strong["exposed_ms"] and weak["speedup"] > strong["speedup"]
+        assert weak["step_ms"] == pytest.approx(ms + weak["exposed_ms"])
+        assert weak["speedup"] == pytest.approx(n * ms / weak["step_ms"])          # throughput
+        assert strong["speedup"] == pytest.approx(ms / strong["step_ms"])         # time to the same batch
+        assert weak["efficiency"] == pytest.approx(weak["speedup"] / n)
+    # the reviewer's arithmetic: a 60.8 ms all-reduce under 133 ms of backward exposes about 1 - overlap
+    weak = pm.cluster(25.6e6, n, "25 Gb/s Ethernet", ms, overlap)
+    strong = pm.cluster(25.6e6, n, "25 Gb/s Ethernet", ms, overlap, scaling="strong")
+    assert weak["exposed_ms"] == pytest.approx((1 - overlap) * weak["comm_ms"], rel=1e-6)
+    assert weak["speedup"] > 7 and strong["speedup"] < 3
+    # one GPU: no all-reduce, the same step either way
+    one = [pm.cluster(25.6e6, 1, "25 Gb/s Ethernet", ms, overlap, scaling=m) for m in pm.SCALINGS]
+    assert all(r["speedup"] == pytest.approx(1.0) and r["exposed_ms"] == 0 for r in one)
+    with pytest.raises(ValueError, match="'weak'.*'strong'"):
+        pm.cluster(25.6e6, n, "25 Gb/s Ethernet", ms, overlap, scaling="fixed")
+    assert pm.format_table(pm.cluster_table(25.6e6, n, ms, overlap, scaling="strong"), n).startswith(
+        "8 GPUs, fixed global batch (strong scaling):")
+    assert "fixed per-GPU batch" in pm.calculator_text()
 
 
 def test_last_bucket_is_exposed_and_first_is_small():

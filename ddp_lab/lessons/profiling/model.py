@@ -4,9 +4,14 @@
     pm.predict(parts_1, n=4, nbytes=8.7e6, buckets=2, alpha=a, beta=b, overlap=0.4)
     pm.cluster(params=25.6e6, n=8, link="100 Gb/s Ethernet", compute_ms=200, overlap=0.7)
 
-With a fixed global batch split over N ranks (strong scaling), each rank's forward, backward
-and data loading shrink like 1/N; the optimizer step does not (every rank updates the whole
-model), nor does the per-step overhead. Communication is the ring all-reduce of the gradients
+Two regimes. With a fixed per-GPU batch (weak scaling, how DDP is usually run and what
+notebook 05's learning-rate scaling assumes) every rank's forward and backward take as long
+as on one GPU, and the global batch grows with N: the speedup is throughput, samples per
+second against one GPU's. With a fixed global batch split over N ranks (strong scaling, what
+predict() measures on this machine), each rank's forward, backward and data loading shrink
+like 1/N, and so does the backward that communication can hide under. Either way the
+optimizer step does not shrink (every rank updates the whole model), nor does the per-step
+overhead. Communication is the ring all-reduce of the gradients
 (ddp_lab.lessons.costmodel, alpha-beta), one call per bucket.
 
 Communication can only hide under backward, and only after its bucket is full. Gradients appear
@@ -32,6 +37,8 @@ FIRST_BUCKET_BYTES = 2**20                      # torch.distributed._DEFAULT_FIR
 # one for its weight, about twice forward's arithmetic (the 2N/4N FLOPs per token of Kaplan et al.,
 # "Scaling Laws for Neural Language Models", 2020). A rule of thumb: measure it on your model.
 BACKWARD_SHARE = 2 / 3
+SCALINGS = {"weak": "fixed per-GPU batch (weak scaling)",
+            "strong": "fixed global batch (strong scaling)"}
 
 # link -> (bandwidth per direction of the slowest link a ring crosses, in B/s: the nominal figure
 # from NVIDIA's A100/H100 datasheets, the PCIe 4.0/5.0 specifications and the Ethernet/InfiniBand
@@ -106,21 +113,28 @@ def predict(parts_1: dict, n: int, nbytes: float, alpha: float, beta: float, ove
 
 def cluster(params: float, n: int, link: str, compute_ms: float, overlap: float,
             grad_bytes: int = 4, bucket_mb: float = 25.0, fixed_ms: float = 0.0,
-            backward_share: float = BACKWARD_SHARE) -> dict:
-    """What-if for a real cluster. compute_ms: forward + backward of the global batch on ONE
-    device (an input: measure it on one GPU), of which backward_share is backward; fixed_ms:
-    optimizer and overhead per step. grad_bytes 2 models bf16 gradient compression."""
+            backward_share: float = BACKWARD_SHARE, scaling: str = "weak") -> dict:
+    """What-if for a real cluster. compute_ms: forward + backward on ONE GPU (an input: measure
+    it), of which backward_share is backward: of one GPU's own batch with scaling="weak" (fixed
+    per-GPU batch, the default), of the whole global batch with scaling="strong" (fixed global
+    batch, split over n). fixed_ms: optimizer and overhead per step. grad_bytes 2 models bf16
+    gradient compression. speedup: samples per second against one GPU's (weak: n GPUs process
+    n batches per step; strong: one)."""
     if link not in LINKS:
         raise ValueError(f"unknown link {link!r}: pick one of pm.LINKS ({', '.join(LINKS)})")
+    if scaling not in SCALINGS:
+        raise ValueError(f"unknown scaling {scaling!r}: 'weak' ({SCALINGS['weak']}) or "
+                         f"'strong' ({SCALINGS['strong']})")
     bw, alpha = LINKS[link]
     sizes = ddp_buckets(params * grad_bytes, bucket_mb)
-    compute = compute_ms / 1e3 / n
+    compute = compute_ms / 1e3 / (1 if scaling == "weak" else n)
     comm, exposed = comm_exposed(sizes, n, alpha, 1 / bw, compute * backward_share, overlap)
     step = compute + fixed_ms / 1e3 + exposed
     one = compute_ms / 1e3 + fixed_ms / 1e3
+    speedup = (n if scaling == "weak" else 1) * one / step
     return {"step_ms": step * 1e3, "comm_ms": comm * 1e3, "exposed_ms": exposed * 1e3,
             "backward_ms": compute * backward_share * 1e3, "buckets": len(sizes),
-            "speedup": one / step, "efficiency": one / step / n}
+            "speedup": speedup, "efficiency": speedup / n, "scaling": scaling}
 
 
 def cluster_table(params, n, compute_ms, overlap, links=None, grad_bytes=4, **kw) -> list:
@@ -134,7 +148,9 @@ def cluster_table(params, n, compute_ms, overlap, links=None, grad_bytes=4, **kw
 
 
 def format_table(rows, n) -> str:
-    lines = [f"{'link (nominal bandwidth)':<28}{'α assumed':>10}{'comm ms':>9}{'exposed':>9}{'step ms':>9}"
+    scaling = rows[0].get("scaling", "weak") if rows else "weak"
+    lines = [f"{n} GPUs, {SCALINGS[scaling]}:",
+             f"{'link (nominal bandwidth)':<28}{'α assumed':>10}{'comm ms':>9}{'exposed':>9}{'step ms':>9}"
              f"{'speedup':>9}{'eff.':>6}{'bf16 grads':>11}"]
     for r in rows:
         lines.append(f"{r['link']:<28}{r['alpha_us']:>8.0f}us{r['comm_ms']:>9.1f}{r['exposed_ms']:>9.1f}"
@@ -143,10 +159,11 @@ def format_table(rows, n) -> str:
 
 
 def calculator_text(params=25.6e6, n=8, link="100 Gb/s Ethernet", compute_ms=200.0, overlap=0.7,
-                    grad_bytes=4, bucket_mb=25.0) -> str:
+                    grad_bytes=4, bucket_mb=25.0, scaling="weak") -> str:
     """What the calculator shows for these inputs (its update function)."""
-    r = cluster(params, n, link, compute_ms, overlap, grad_bytes=grad_bytes, bucket_mb=bucket_mb)
-    return (f"<pre>{n} GPUs: step {r['step_ms']:.1f} ms (all-reduce {r['comm_ms']:.1f} ms in {r['buckets']}"
+    r = cluster(params, n, link, compute_ms, overlap, grad_bytes=grad_bytes, bucket_mb=bucket_mb,
+                scaling=scaling)
+    return (f"<pre>{n} GPUs, {SCALINGS[scaling]}: step {r['step_ms']:.1f} ms (all-reduce {r['comm_ms']:.1f} ms in {r['buckets']}"
             f" bucket(s), {r['exposed_ms']:.1f} ms exposed; backward {r['backward_ms']:.1f} ms per GPU)\n"
             f"speedup {r['speedup']:.2f}x, scaling efficiency {r['efficiency']:.0%}</pre>")
 
@@ -159,7 +176,7 @@ def _log_slider(W, value, base, lo, hi, step, **kw):
     return W.FloatLogSlider(value=value, base=base, min=lo, max=hi, step=step, **kw)
 
 
-def calculator(params=25.6e6, n=8, compute_ms=200.0, overlap=0.7, bucket_mb=25.0):
+def calculator(params=25.6e6, n=8, compute_ms=200.0, overlap=0.7, bucket_mb=25.0, scaling="weak"):
     """An ipywidgets form over cluster(); returns the widget (needs a running kernel)."""
     import ipywidgets as W
 
@@ -170,7 +187,9 @@ def calculator(params=25.6e6, n=8, compute_ms=200.0, overlap=0.7, bucket_mb=25.0
          "overlap": W.FloatSlider(value=overlap, min=0, max=1, step=0.05, description="overlap"),
          "grad_bytes": W.Dropdown(options=[("fp32 grads", 4), ("bf16 grads", 2)], value=4,
                                   description="gradients"),
-         "bucket_mb": _log_slider(W, bucket_mb, 2, 0, 9, 0.25, description="bucket MB")}
+         "bucket_mb": _log_slider(W, bucket_mb, 2, 0, 9, 0.25, description="bucket MB"),
+         "scaling": W.Dropdown(options=[(SCALINGS[k], k) for k in SCALINGS], value=scaling,
+                               description="batch")}
     out = W.HTML()
 
     def show(_=None):
