@@ -127,11 +127,12 @@ def cluster(params: float, n: int, link: str, compute_ms: float, overlap: float,
                          f"'strong' ({SCALINGS['strong']})")
     bw, alpha = LINKS[link]
     sizes = ddp_buckets(params * grad_bytes, bucket_mb)
-    compute = compute_ms / 1e3 / (1 if scaling == "weak" else n)
+    shards = n if scaling == "strong" else 1        # how many GPUs one batch is split over
+    compute = compute_ms / 1e3 / shards
     comm, exposed = comm_exposed(sizes, n, alpha, 1 / bw, compute * backward_share, overlap)
     step = compute + fixed_ms / 1e3 + exposed
     one = compute_ms / 1e3 + fixed_ms / 1e3
-    speedup = (n if scaling == "weak" else 1) * one / step
+    speedup = n / shards * one / step               # batches per step, against one GPU's time
     return {"step_ms": step * 1e3, "comm_ms": comm * 1e3, "exposed_ms": exposed * 1e3,
             "backward_ms": compute * backward_share * 1e3, "buckets": len(sizes),
             "speedup": speedup, "efficiency": speedup / n, "scaling": scaling}
