@@ -3,6 +3,7 @@ would ask for a ninth GPU), and the live ranks bind their GPU in init_process_gr
 import types
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -24,7 +25,12 @@ def _join(monkeypatch, backend: str):
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.setdefault("set_device", d))
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: calls.setdefault("init", kw))
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(key, raising=False)   # the join code sets them; monkeypatch restores them
+        # The join code sets these in os.environ. setenv first, so that monkeypatch records the
+        # original state even when the variable was absent (delenv(raising=False) records nothing
+        # then): otherwise RANK=1 and WORLD_SIZE=2 outlive the test, and every later single-process
+        # run of a script started from this process waits for a rank 0 that never comes.
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     shell = types.SimpleNamespace(InteractiveTB=types.SimpleNamespace(set_mode=lambda mode: None))
     namespace = {"get_ipython": lambda: shell}
     exec(interactive._join_code(1, 2, 29999, backend, 5), namespace)
@@ -36,6 +42,15 @@ def test_live_nccl_ranks_bind_the_gpu_of_their_local_rank(monkeypatch):
     assert ns["local_rank"] == 1 and ns["device"] == torch.device("cuda", 1)
     assert calls["set_device"] == torch.device("cuda", 1)
     assert calls["init"]["device_id"] == torch.device("cuda", 1)   # no barrier() device warning
+
+
+def test_the_join_leaves_the_environment_as_it_found_it():
+    import os
+    before = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    with pytest.MonkeyPatch.context() as mp:
+        _join(mp, "gloo")
+        assert os.environ["RANK"] == "1"                 # the join code really set it
+    assert {k: os.environ.get(k) for k in before} == before
 
 
 def test_live_gloo_ranks_stay_on_the_cpu_without_a_device_id(monkeypatch):
