@@ -1,16 +1,57 @@
-"""ddp_lab.lessons.accumulation: equivalence, no_sync counting (1 and 2 ranks), AMP + accumulation, LR."""
+"""ddp_lab.lessons.accumulation: samples per update, equivalence, no_sync counting (1 and 2 ranks), AMP +
+accumulation, LR."""
 import pytest
 import torch
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddp_lab.lessons import accumulation as A
 from ddp_lab.lessons import data, models
 from ddp_lab.engine import launch, runtime
 
 
-def test_effective_batch_and_scaling_rules():
-    assert A.effective_batch(32, 8, 4) == 1024
+def _samples_per_update(per_rank_batch, world_size, accumulation_steps, loop):
+    """Samples that went through forward behind each optimizer step, summed over the ranks.
+
+    Each rank is a replica fed its own DistributedSampler shard, run one after the other in this
+    process: DDP averages the ranks' gradients, so one update stands on the samples of all of them.
+    A forward pre-hook counts the samples, an optimizer hook marks each update."""
+    X, Y = data.digits_tensors("train")
+    dataset = TensorDataset(X[:1024], Y[:1024])
+    totals = None
+    for rank in range(world_size):
+        torch.manual_seed(0)
+        model = models.mlp()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        seen, at_update = [0], []
+        model.register_forward_pre_hook(lambda m, args: seen.__setitem__(0, seen[0] + len(args[0])))
+        optimizer.register_step_post_hook(lambda opt, args, kwargs: at_update.append(seen[0]))
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+        loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler, drop_last=True)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        if loop == "survey":
+            A.survey_article_loop(model, optimizer, scaler, loader, accumulation_steps)
+        else:
+            acc = A.GradientAccumulator(model, optimizer, scaler, accumulation_steps=accumulation_steps)
+            for x, y in loader:
+                with acc.sync_context():
+                    acc.step(F.cross_entropy(model(x), y))
+        per_update = [b - a for a, b in zip([0] + at_update, at_update)]
+        totals = per_update if totals is None else [t + n for t, n in zip(totals, per_update)]
+    return totals
+
+
+@pytest.mark.parametrize("loop", ["accumulator", "survey"])
+@pytest.mark.parametrize("per_rank_batch, world_size, accumulation_steps", [(32, 8, 1), (8, 8, 4), (16, 2, 4)])
+def test_effective_batch_is_the_samples_behind_each_optimizer_step(per_rank_batch, world_size, accumulation_steps, loop):
+    # (32, 8, 1) is the survey article's example: 256 in all is 32 per GPU on 8 GPUs
+    updates = _samples_per_update(per_rank_batch, world_size, accumulation_steps, loop)
+    assert len(updates) == 1024 // (per_rank_batch * world_size * accumulation_steps) > 1
+    assert set(updates) == {A.effective_batch(per_rank_batch, world_size, accumulation_steps)}, updates
+
+
+def test_scaling_rules():
     assert A.scaled_lr(0.1, 256, 32, 8, 4) == pytest.approx(0.4)
     assert A.scaled_lr(0.1, 256, 32, 8, 4, rule="sqrt") == pytest.approx(0.2)
     assert A.scaled_lr(0.1, 256, 32, 8, 4, rule="none") == pytest.approx(0.1)
