@@ -14,7 +14,7 @@ import torch
 from grade_fixtures import (nb01_gradients, nb01_synced, nb02_evaluation, nb02_exact, nb03_bytes, nb03_ring,
                             nb04_clip, nb04_plan, nb05_accumulation, nb05_lr, nb06_atomic, nb06_checkpoint,
                             nb07_diff, nb07_unused, nb08_exposed, nb08_predict, nb09_memory, nb09_zero1, nb10_batch,
-                            nb10_torchrun)
+                            nb10_torchrun, nb11_bf16, nb11_hook)
 
 from ddp_lab import grade
 from ddp_lab.grade import core
@@ -26,7 +26,8 @@ FIXTURES = {"01.4": nb01_gradients, "01.5": nb01_synced, "02.4": nb02_evaluation
             "05.4": nb05_accumulation, "05.5": nb05_lr, "06.4": nb06_checkpoint, "06.5": nb06_atomic,
             "07.1": nb07_diff, "07.3": nb07_unused,
             "08.4": nb08_exposed, "08.5": nb08_predict, "09.5": nb09_zero1, "09.6": nb09_memory,
-            "10.5": nb10_torchrun, "10.6": nb10_batch}
+            "10.5": nb10_torchrun, "10.6": nb10_batch,
+            "11.1": nb11_bf16, "11.2": nb11_hook}
 CASES = [(eid, "good", None) for eid in FIXTURES] + \
         [(eid, name, hint) for eid, mod in FIXTURES.items() for name, (_, hint) in mod.MISTAKES.items()]
 

@@ -23,7 +23,7 @@ from ddp_lab.engine import listing  # noqa: E402
 
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
 SHOWING = {"01_dataparallel_vs_ddp", "02_sampler_and_metrics", "03_ring_allreduce", "05_gradient_accumulation",
-           "06_checkpointing", "08_profiling", "10_laptop_to_cluster"}
+           "06_checkpointing", "08_profiling", "10_laptop_to_cluster", "11_ddp_on_gpus"}
 LAUNCHED = re.compile(r"-m\s+ddp_lab\.experiments\.(\w+)")
 
 
