@@ -106,7 +106,7 @@ def parse_args(argv=None):
     a("--grad-compression", default="none", choices=["none", "fp16", "bf16"])
     a("--bucket-cap-mb", type=float, default=None,
       help="DDP gradient bucket size in MiB (default: DDP's own, 25 with a small first bucket)")
-    a("--compile", action="store_true", help="torch.compile the DDP model")
+    a("--compile", action="store_true", help="compile the model (model.compile(), then DDP)")
     a("--ckpt-dir", default=None)
     a("--save-every", type=int, default=100, help="steps between checkpoints")
     a("--resume", default="auto", help="auto (D/last.pt or D/last.dcp if it exists) | PATH | none")
@@ -589,14 +589,16 @@ def build_optimizer(args, model, world_size, steps_per_epoch):
 
 
 def wrap_model(args, model, device):
-    """(the DDP model, the model to call): DDP's buckets, an optional compression hook, compile."""
+    """The DDP model: compiled first if asked, DDP's buckets, an optional compression hook."""
+    if args.compile:  # the module, in place, before DDP: torch.compile(DDP(model)) compiles nothing
+        model.compile()  # (torch 2.14); DDPOptimizer then cuts one graph per bucket; names keep no prefix
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                     bucket_cap_mb=args.bucket_cap_mb)  # None: DDP's default buckets
     if args.grad_compression != "none":  # gradients cast to 16 bits for the all-reduce only
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
         ddp_model.register_comm_hook(None, {"fp16": hooks.fp16_compress_hook,
                                             "bf16": hooks.bf16_compress_hook}[args.grad_compression])
-    return ddp_model, (torch.compile(ddp_model) if args.compile else ddp_model)
+    return ddp_model
 
 
 def resume(args, rank, world_size, spec, stateful, device, steps_per_epoch):
@@ -928,7 +930,7 @@ def train(args, rank, world_size, device, backend):
     stateful = {"model": raw_model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
     # Resume before DDP wraps the model: DDP broadcasts rank 0's weights at construction.
     (epoch, position, step), resumed, reader = resume(args, rank, world_size, spec, stateful, device, steps_per_epoch)
-    ddp_model, model = wrap_model(args, raw_model, device)
+    model = wrap_model(args, raw_model, device)
 
     metrics = Metrics(args.metrics_out, is_main, attempt)
     run_config = {**vars(args), "world_size": world_size}  # what checkpoints record of this run
@@ -963,7 +965,7 @@ def train(args, rank, world_size, device, backend):
         for x, y in loader:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             sync = is_sync_step(i, args.accum_steps, batches)
-            with contextlib.nullcontext() if sync else ddp_model.no_sync():  # all-reduce once per group
+            with contextlib.nullcontext() if sync else model.no_sync():  # all-reduce once per group
                 with autocast(device, amp_dtype):
                     loss = F.cross_entropy(model(x), y) / group_size(i, args.accum_steps, batches)
                 scaler.scale(loss).backward()  # the loss is the group's mean: / group_size above

@@ -138,8 +138,9 @@ KEYS = {
             "So every rank evaluates the same model.")),
     8: (Key("main", "@record", "@record",
             "torchrun's failure summary then holds the failing rank's own traceback."),
-        Key("wrap_model", "ddp_model = DDP(model", "return ddp_model, (torch.compile",
-            "DDP with tunable buckets, an optional 16-bit gradient compression hook, and torch.compile."),
+        Key("wrap_model", "if args.compile:", "return ddp_model",
+            "The module compiled before DDP wraps it (the order that compiles), DDP with tunable buckets, "
+            "an optional 16-bit gradient compression hook."),
         Key("params_sha256", "h = hashlib.sha256()", "return h.hexdigest()",
             "A hash of every weight's bytes: two runs ended equal, bit for bit, if their hashes match."),
         Key("train", "profiler = StepProfiler(", "profiler = StepProfiler(",
