@@ -38,10 +38,10 @@ NO_RUN = re.compile(r"<!-- no-run -->.*?<!-- /no-run -->\n?", re.S)
 RUNS = "<!-- runs -->"
 TRAIN = ["--dataset", "synthetic", "--model", "resnet18", "--batch-size", "128", "--epochs", "1",
          "--max-steps", "60", "--log-every", "10", "--progress", "off", "--lr", "0.02"]
-# name, train_ddp.py flags, environment: TF32 is set through the environment so the script is unchanged
-# (NVIDIA_TF32_OVERRIDE=0 forbids it in cuBLAS and cuDNN; TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 allows it for matmuls)
-TRAIN_RUNS = [("fp32, TF32 off", ["--precision", "fp32"], {"NVIDIA_TF32_OVERRIDE": "0"}),
-              ("fp32, TF32 on", ["--precision", "fp32"], {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}),
+# name, train_ddp.py flags, environment. TF32 by the script's own flag (--tf32 auto: on from compute
+# capability 8.0; off: exact fp32); NVIDIA_TF32_OVERRIDE=0 also forbids it in cuBLAS and cuDNN underneath
+TRAIN_RUNS = [("fp32, TF32 off", ["--precision", "fp32", "--tf32", "off"], {"NVIDIA_TF32_OVERRIDE": "0"}),
+              ("fp32, TF32 on", ["--precision", "fp32", "--tf32", "auto"], {}),
               ("bf16 autocast", ["--precision", "bf16"], {}),
               ("fp16 + GradScaler", ["--precision", "fp16"], {}),
               ("bf16 + SyncBatchNorm", ["--precision", "bf16", "--sync-bn"], {}),

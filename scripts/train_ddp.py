@@ -101,6 +101,7 @@ def parse_args(argv=None):
     a("--weight-decay", type=float, default=0.0)
     a("--seed", type=int, default=0)
     a("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    a("--tf32", default="auto", choices=["auto", "off"], help="auto: TF32 for fp32 on GPUs from Ampere on")
     a("--clip-grad-norm", type=float, default=None, metavar="X",
       help="clip the global gradient norm to X, once per optimizer step (default: measure, never clip)")
     a("--grad-compression", default="none", choices=["none", "fp16", "bf16"])
@@ -588,16 +589,22 @@ def build_optimizer(args, model, world_size, steps_per_epoch):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
 
+def set_tf32(args, device) -> str:
+    """TF32 for --precision fp32 from compute capability 8.0 (Ampere): 10 mantissa bits in, fp32 sums."""
+    on = args.tf32 == "auto" and args.precision == "fp32" and device.type == "cuda" and torch.cuda.get_device_capability() >= (8, 0)
+    torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "tf32" if on else "ieee"
+    return " (TF32)" if on else ""
+
+
 def wrap_model(args, model, device):
     """The DDP model: compiled first if asked, DDP's buckets, an optional compression hook."""
     if args.compile:  # the module, in place, before DDP: torch.compile(DDP(model)) compiles nothing
         model.compile()  # (torch 2.14); DDPOptimizer then cuts one graph per bucket; names keep no prefix
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                    bucket_cap_mb=args.bucket_cap_mb)  # None: DDP's default buckets
+                    bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)  # grads live in the buckets
     if args.grad_compression != "none":  # gradients cast to 16 bits for the all-reduce only
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
-        ddp_model.register_comm_hook(None, {"fp16": hooks.fp16_compress_hook,
-                                            "bf16": hooks.bf16_compress_hook}[args.grad_compression])
+        ddp_model.register_comm_hook(None, getattr(hooks, f"{args.grad_compression}_compress_hook"))
     return ddp_model
 
 
@@ -918,7 +925,7 @@ def train(args, rank, world_size, device, backend):
 
     sampler = ResumableSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
     loader_rng = torch.Generator()  # seeds DataLoader workers; reseeded per rank and epoch below
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, persistent_workers=args.num_workers > 0,
                         num_workers=args.num_workers, pin_memory=device.type == "cuda", generator=loader_rng)
     val_loader = evaluation_loader(val_set, rank, world_size, args.num_workers)
     batches_per_epoch = math.ceil(sampler.num_samples / args.batch_size)
@@ -931,12 +938,13 @@ def train(args, rank, world_size, device, backend):
     # Resume before DDP wraps the model: DDP broadcasts rank 0's weights at construction.
     (epoch, position, step), resumed, reader = resume(args, rank, world_size, spec, stateful, device, steps_per_epoch)
     model = wrap_model(args, raw_model, device)
+    tf32 = set_tf32(args, device)
 
     metrics = Metrics(args.metrics_out, is_main, attempt)
     run_config = {**vars(args), "world_size": world_size}  # what checkpoints record of this run
     effective_batch = args.batch_size * world_size * args.accum_steps
     lr, total_steps = optimizer.param_groups[0]["initial_lr"], args.epochs * steps_per_epoch
-    say(None, is_main, f"world_size={world_size} backend={backend} device={device} model={args.model} "
+    say(None, is_main, f"world_size={world_size} backend={backend} device={device}{tf32} model={args.model} "
         f"dataset={args.dataset} ({len(train_set)} train, {len(val_set)} val, {classes} classes) "
         f"effective batch={args.batch_size} x {world_size} ranks x {args.accum_steps} accum "
         f"= {effective_batch}, lr={lr:g}, {steps_per_epoch} steps/epoch")

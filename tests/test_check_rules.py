@@ -55,6 +55,9 @@ BROKEN = {
     "DDP006": [
         'def train(rank):\n    seed_everything(42 + rank)  # <-\n    model = build_model()\n    model = DDP(model)',
         'torch.manual_seed(args.seed + dist.get_rank())  # <-\nnet = Net().to(device)',
+        # a function of the file that builds and wraps, handed no model: a build
+        'def setup_model(args):\n    return DDP(Net())\n\ndef train(args, rank):\n'
+        '    torch.manual_seed(args.seed + rank)  # <-\n    model = setup_model(args)',
     ],
     "DDP007": [
         'sampler = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=sampler)\n'
@@ -165,6 +168,10 @@ LOOKALIKES = {
         'torch.manual_seed(seed + rank)\nloader = make_loader()',
         'torch.manual_seed(seed + rank)\ntorch.manual_seed(seed)\nmodel = Net()',
         'random.seed(seed + rank)\nmodel = model.to(device)\nmodel = DDP(model)',
+        # the model built before the per-rank seed, wrapped after it by the file's own function
+        'def wrap_model(args, model):\n    return DDP(model, bucket_cap_mb=args.cap)\n\ndef train(args, rank):\n'
+        '    torch.manual_seed(args.seed)\n    raw_model = build_model()\n    torch.manual_seed(args.seed + rank)\n'
+        '    model = wrap_model(args, raw_model)',
     ],
     "DDP007": [
         'sampler = DistributedSampler(ds, shuffle=False)\nfor epoch in range(3):\n    for x in DataLoader(ds, sampler=sampler):\n        f(x)',

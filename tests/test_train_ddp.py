@@ -62,6 +62,46 @@ def final_state(ckpt_dir):
     return torch.load(Path(ckpt_dir) / "last.pt", weights_only=True)["model"]
 
 
+def test_gradients_are_views_into_ddps_buckets(ref):
+    _, run, _ = ref
+    views = {}
+    for rank, lines in run.rank_lines.items():
+        for line in lines:
+            if line.startswith("VIEWS "):
+                views[rank] = json.loads(line[6:])["views"]
+    assert views == {0: [True], 1: [True]}, views   # one DDP model per rank, built with the option
+
+
+def test_tf32_is_on_for_fp32_from_ampere_and_off_otherwise(monkeypatch):
+    mod = load_module()
+    cuda = torch.device("cuda", 0)
+    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    try:
+        for capability, flags, device, expected in [((8, 0), [], cuda, True), ((9, 0), [], cuda, True),
+                                                    ((7, 0), [], cuda, False), ((7, 5), [], cuda, False),
+                                                    ((9, 0), ["--tf32", "off"], cuda, False),
+                                                    ((9, 0), ["--precision", "bf16"], cuda, False),
+                                                    ((9, 0), [], torch.device("cpu"), False)]:
+            monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+            label = mod.set_tf32(mod.parse_args(flags), device)
+            got = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+            assert (label == " (TF32)") is expected and got == (("tf32",) * 2 if expected else ("ieee",) * 2), \
+                (capability, flags, device, label, got)
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+
+
+def test_training_workers_persist_across_epochs(tmp_path):
+    probe = Path(__file__).parent / "programs" / "loader_probe.py"
+    proc = subprocess.run([sys.executable, str(probe), str(SCRIPT), "--", "--num-workers", "1", "--epochs", "2",
+                           "--batch-size", "256", "--progress", "off"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("LOADERS ")]
+    train_loader = json.loads(line[8:])[0]
+    assert train_loader == {"workers": 1, "persistent": True, "epochs": 2}, train_loader
+
+
 def test_two_ranks_equal_one_process_with_double_batch(ref, tmp_path):
     d, _, _ = ref
     single_process("--batch-size", "128", "--max-steps", "20", "--ckpt-dir", tmp_path / "one", cwd=tmp_path)

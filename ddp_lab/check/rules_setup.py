@@ -229,6 +229,18 @@ def _builds_model(node) -> bool:
     return bool(re.search(r"model|(^|_|\.)net(work)?$|backbone", target, re.I)) and last(call) not in NOT_A_BUILD
 
 
+def _wraps_given_model(m: Module, node) -> bool:
+    """`model = wrap_model(args, raw_model, device)`: a call of this file's function that is handed a model
+    and reaches DDP(...) wraps what was built before; `model = setup_model(args)`, handed none, builds."""
+    if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+        return False
+    call = node.value
+    handed = any(isinstance(a, ast.Name) and re.search(r"model|(^|_)net(work)?$", a.id, re.I)
+                 for a in [*call.args, *(k.value for k in call.keywords)])
+    func = m.flow.target(call)
+    return handed and func is not None and m.flow.reaches(func, is_ddp_call) is not None
+
+
 @rule("DDP006", "A per-rank seed before the model is built: the ranks build different initial weights. "
       "DDP copies rank 0's parameters and buffers when it wraps the model, nothing else (a random split, "
       "an EMA or teacher copy, a model you never wrap).",
@@ -246,7 +258,8 @@ def per_rank_seed_first(m: Module):
             if isinstance(n, ast.Call) and (_seeds(n) or m.flow.target(n)) and _seed_call(m, n) \
                     and not _per_rank(m, n):
                 break   # reseeded the same on every rank first
-            built = _builds_model(n) or (isinstance(scope, ast.Module) and _call_builds_model(m, n))
+            built = (_builds_model(n) and not _wraps_given_model(m, n)) or \
+                (isinstance(scope, ast.Module) and _call_builds_model(m, n))
             if built:   # here, or (a seed at module level) inside main() called after it
                 yield Hit(call)
                 break

@@ -72,9 +72,10 @@ RUNGS = [
          ("parse_args", "validate", "load_digits_split", "build_data", "mlp_width", "build_model",
           "run_spec", "rank_seed", "evaluation_loader", "sync_buffers", "train")),
     Rung("train_ddp.py", "the production template",
-         "A progress bar, torch.profiler traces, torch.compile, gradient compression, a crash drill, sharded\n"
-         "checkpoints (--ckpt-format dcp) for models too big to gather on one rank; @record names a rank's traceback.",
-         ("parse_args", "step_range", "validate", "params_sha256", "progress_bar", "wrap_model",
+         "A progress bar, torch.profiler traces, torch.compile, gradient compression, TF32, bucket views,\n"
+         "persistent workers, a crash drill, sharded checkpoints (--ckpt-format dcp) for models too big to\n"
+         "gather on one rank; @record names a rank's traceback.",
+         ("parse_args", "step_range", "validate", "params_sha256", "progress_bar", "set_tf32", "wrap_model",
           "StepProfiler", "say", "crash", "train", "main", "read_checkpoint", "file_fingerprint", "resume_state",
           "latest_checkpoint", "format_error", "resume", "save_checkpoint", "save_sharded", "load_sharded")),
 ]
