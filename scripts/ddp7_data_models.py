@@ -537,7 +537,7 @@ def evaluation_loader(val_set, rank, world_size, num_workers):
     """Every validation sample on exactly one rank (rank, rank + world_size, ...): no padding
     copies, which DistributedSampler adds to even out shards and which would count twice."""
     return DataLoader(Subset(val_set, range(rank, len(val_set), world_size)), batch_size=256,
-                      num_workers=num_workers)
+                      num_workers=num_workers, persistent_workers=num_workers > 0)
 
 
 def evaluate(model, loader, device, amp_dtype):
@@ -681,9 +681,10 @@ def train(args, rank, world_size, device, backend):
     spec = run_spec(args, train_set, classes, shape)
 
     sampler = ResumableSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
-    loader_rng = torch.Generator()  # seeds DataLoader workers; reseeded per rank and epoch below
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
-                        num_workers=args.num_workers, pin_memory=device.type == "cuda", generator=loader_rng)
+    loader_rng = torch.Generator()  # seeds the DataLoader workers (per rank, below)
+    # persistent: one set of workers serves every epoch, not new processes (each with its setup) per epoch
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers,
+                        persistent_workers=args.num_workers > 0, pin_memory=device.type == "cuda", generator=loader_rng)
     val_loader = evaluation_loader(val_set, rank, world_size, args.num_workers)
     batches_per_epoch = math.ceil(sampler.num_samples / args.batch_size)
     steps_per_epoch = math.ceil(batches_per_epoch / args.accum_steps)
@@ -716,10 +717,10 @@ def train(args, rank, world_size, device, backend):
     max_steps = args.max_steps or end
     per_batch = args.batch_size * world_size  # samples all ranks use per batch
     window = Window(device)
+    loader_rng.manual_seed(rank_seed(args.seed, rank) + epoch)  # workers' seeds, once: the workers persist
     model.train()
     while epoch < args.epochs and step < max_steps:
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        loader_rng.manual_seed(rank_seed(args.seed, rank) + epoch)  # workers' seeds: per rank and epoch
         sampler.start = position  # samples of this epoch's order already used, by all ranks together
         batches, i = math.ceil(len(sampler) / args.batch_size), 0  # this rank's batches left in the epoch
         for x, y in loader:

@@ -591,17 +591,18 @@ def build_optimizer(args, model, world_size, steps_per_epoch):
 
 def set_tf32(args, device) -> str:
     """TF32 for --precision fp32 from compute capability 8.0 (Ampere): 10 mantissa bits in, fp32 sums."""
-    on = args.tf32 == "auto" and args.precision == "fp32" and device.type == "cuda" and torch.cuda.get_device_capability() >= (8, 0)
+    on = (args.tf32 == "auto" and args.precision == "fp32" and device.type == "cuda"
+          and torch.cuda.get_device_capability(device) >= (8, 0))  # bf16/fp16: autocast's matmuls are 16-bit
     torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "tf32" if on else "ieee"
     return " (TF32)" if on else ""
 
 
 def wrap_model(args, model, device):
-    """The DDP model: compiled first if asked, DDP's buckets, an optional compression hook."""
+    """The DDP model: compiled first if asked, DDP's buckets holding the gradients, an optional compression hook."""
     if args.compile:  # the module, in place, before DDP: torch.compile(DDP(model)) compiles nothing
         model.compile()  # (torch 2.14); DDPOptimizer then cuts one graph per bucket; names keep no prefix
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                    bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)  # grads live in the buckets
+                    bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)  # .grad = a view: no copy back
     if args.grad_compression != "none":  # gradients cast to 16 bits for the all-reduce only
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
         ddp_model.register_comm_hook(None, getattr(hooks, f"{args.grad_compression}_compress_hook"))
@@ -739,7 +740,7 @@ def evaluation_loader(val_set, rank, world_size, num_workers):
     """Every validation sample on exactly one rank (rank, rank + world_size, ...): no padding
     copies, which DistributedSampler adds to even out shards and which would count twice."""
     return DataLoader(Subset(val_set, range(rank, len(val_set), world_size)), batch_size=256,
-                      num_workers=num_workers)
+                      num_workers=num_workers, persistent_workers=num_workers > 0)
 
 
 def evaluate(model, loader, device, amp_dtype):
@@ -924,9 +925,10 @@ def train(args, rank, world_size, device, backend):
     spec = run_spec(args, train_set, classes, shape)
 
     sampler = ResumableSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
-    loader_rng = torch.Generator()  # seeds DataLoader workers; reseeded per rank and epoch below
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, persistent_workers=args.num_workers > 0,
-                        num_workers=args.num_workers, pin_memory=device.type == "cuda", generator=loader_rng)
+    loader_rng = torch.Generator()  # seeds the DataLoader workers (per rank, below)
+    # persistent: one set of workers serves every epoch, not new processes (each with its setup) per epoch
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers,
+                        persistent_workers=args.num_workers > 0, pin_memory=device.type == "cuda", generator=loader_rng)
     val_loader = evaluation_loader(val_set, rank, world_size, args.num_workers)
     batches_per_epoch = math.ceil(sampler.num_samples / args.batch_size)
     steps_per_epoch = math.ceil(batches_per_epoch / args.accum_steps)
@@ -962,12 +964,12 @@ def train(args, rank, world_size, device, backend):
     bar = progress_bar(args.progress, min(max_steps, end), step, is_main)
     per_batch = args.batch_size * world_size  # samples all ranks use per batch
     window = Window(device)
+    loader_rng.manual_seed(rank_seed(args.seed, rank) + epoch)  # workers' seeds, once: the workers persist
     profiler = StepProfiler(args.profile_steps, args.profile_dir, rank, device)
     profiler.update(step)
     model.train()
     while epoch < args.epochs and step < max_steps:
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        loader_rng.manual_seed(rank_seed(args.seed, rank) + epoch)  # workers' seeds: per rank and epoch
         sampler.start = position  # samples of this epoch's order already used, by all ranks together
         batches, i = math.ceil(len(sampler) / args.batch_size), 0  # this rank's batches left in the epoch
         for x, y in loader:

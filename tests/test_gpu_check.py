@@ -54,7 +54,8 @@ def test_every_script_command_parses_with_the_scripts_own_parser(tmp_path, nproc
         seen.add(script)
     assert seen == set(parsers)
     flags = [" ".join(c) for _, c, _, _, _ in gpu_check.plan(tmp_path, nproc)]
-    for want in ("--precision fp16", "--sync-bn", "--compile", "--precision bf16"):
+    for want in ("--precision fp16", "--sync-bn", "--compile", "--precision bf16",
+                 "--precision fp32 --tf32 off", "--precision fp32 --tf32 auto"):  # TF32 by the flag users set
         assert any(want in f for f in flags), want
     assert any("tests" not in f and ".ipynb" in f for f in flags), "no nbval over the notebooks"
 

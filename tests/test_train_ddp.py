@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -63,43 +64,55 @@ def final_state(ckpt_dir):
 
 
 def test_gradients_are_views_into_ddps_buckets(ref):
+    """gradient_as_bucket_view=True: read in the comm hook of each bucket of every step, each .grad
+    shares the bucket's storage (with the option off, each has its own: comm_probe.py counts 0)."""
     _, run, _ = ref
     views = {}
     for rank, lines in run.rank_lines.items():
         for line in lines:
             if line.startswith("VIEWS "):
-                views[rank] = json.loads(line[6:])["views"]
-    assert views == {0: [True], 1: [True]}, views   # one DDP model per rank, built with the option
+                views[rank] = json.loads(line[6:])
+    # one bucket (the mlp is 19 KB) per step, 20 steps; the results equal the runs without the
+    # option: test_two_ranks_equal_one_process_with_double_batch and the crash test's bitwise match
+    assert views == {r: {"rank": r, "buckets": 20, "in_bucket": 20} for r in (0, 1)}, views
 
 
 def test_tf32_is_on_for_fp32_from_ampere_and_off_otherwise(monkeypatch):
+    """set_tf32 with the GPU's compute capability faked: V100 7.0 and T4 7.5 off, A100 8.0 and H100 9.0
+    on, for fp32 only (bf16/fp16 autocast: off); --tf32 off and the CPU: off. torch's flags follow, and
+    setting them warns of nothing (no deprecated API)."""
     mod = load_module()
     cuda = torch.device("cuda", 0)
     before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
     try:
-        for capability, flags, device, expected in [((8, 0), [], cuda, True), ((9, 0), [], cuda, True),
-                                                    ((7, 0), [], cuda, False), ((7, 5), [], cuda, False),
-                                                    ((9, 0), ["--tf32", "off"], cuda, False),
-                                                    ((9, 0), ["--precision", "bf16"], cuda, False),
-                                                    ((9, 0), [], torch.device("cpu"), False)]:
-            monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
-            label = mod.set_tf32(mod.parse_args(flags), device)
-            got = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
-            assert (label == " (TF32)") is expected and got == (("tf32",) * 2 if expected else ("ieee",) * 2), \
-                (capability, flags, device, label, got)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for capability, flags, device, expected in [((8, 0), [], cuda, True), ((9, 0), [], cuda, True),
+                                                        ((7, 0), [], cuda, False), ((7, 5), [], cuda, False),
+                                                        ((9, 0), ["--tf32", "off"], cuda, False),
+                                                        ((9, 0), ["--precision", "bf16"], cuda, False),
+                                                        ((9, 0), ["--precision", "fp16"], cuda, False),
+                                                        ((9, 0), [], torch.device("cpu"), False)]:
+                monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+                label = mod.set_tf32(mod.parse_args(flags), device)
+                got = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+                assert (label == " (TF32)") is expected and got == (("tf32",) * 2 if expected else ("ieee",) * 2), \
+                    (capability, flags, device, label, got)
     finally:
         torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
 
 
-def test_training_workers_persist_across_epochs(tmp_path):
+def test_loader_workers_persist_across_epochs(tmp_path):
+    """--num-workers: the training and the validation loader each start their worker once, not per epoch."""
     probe = Path(__file__).parent / "programs" / "loader_probe.py"
-    proc = subprocess.run([sys.executable, str(probe), str(SCRIPT), "--", "--num-workers", "1", "--epochs", "2",
-                           "--batch-size", "256", "--progress", "off"], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, str(probe), str(SCRIPT), "--", "--dataset", "synthetic",
+                           "--synthetic-size", "256", "--synthetic-shape", "1,8,8", "--batch-size", "64",
+                           "--num-workers", "1", "--epochs", "2", "--progress", "off"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("LOADERS ")]
-    train_loader = json.loads(line[8:])[0]
-    assert train_loader == {"workers": 1, "persistent": True, "epochs": 2}, train_loader
+    train, val = json.loads(line[8:])  # a loader that is not persistent would have started 2
+    assert train == val == {"workers": 1, "persistent": True, "epochs": 2, "started": 1}, (train, val)
 
 
 def test_two_ranks_equal_one_process_with_double_batch(ref, tmp_path):

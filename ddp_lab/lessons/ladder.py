@@ -67,14 +67,14 @@ RUNGS = [
           "read_checkpoint", "file_fingerprint", "resume_state", "resume", "save_checkpoint", "check_start",
           "train")),
     Rung("ddp7_data_models.py", "your data and your model",
-         "CIFAR-10, ImageFolder, synthetic data; a CNN, ResNet-18, dropout, BatchNorm, SyncBatchNorm.\n"
+         "CIFAR-10, ImageFolder, synthetic data; a CNN, ResNet-18, dropout, BatchNorm, SyncBatchNorm; persistent workers.\n"
          "Own random streams per rank after identical weights; rank 0's BatchNorm stats for evaluation.",
          ("parse_args", "validate", "load_digits_split", "build_data", "mlp_width", "build_model",
           "run_spec", "rank_seed", "evaluation_loader", "sync_buffers", "train")),
     Rung("train_ddp.py", "the production template",
-         "A progress bar, torch.profiler traces, torch.compile, gradient compression, TF32, bucket views,\n"
-         "persistent workers, a crash drill, sharded checkpoints (--ckpt-format dcp) for models too big to\n"
-         "gather on one rank; @record names a rank's traceback.",
+         "A progress bar, torch.profiler traces, torch.compile, gradient compression, TF32, gradients as bucket views,\n"
+         "a crash drill, sharded checkpoints (--ckpt-format dcp) for models too big to gather on one rank; "
+         "@record names a rank's traceback.",
          ("parse_args", "step_range", "validate", "params_sha256", "progress_bar", "set_tf32", "wrap_model",
           "StepProfiler", "say", "crash", "train", "main", "read_checkpoint", "file_fingerprint", "resume_state",
           "latest_checkpoint", "format_error", "resume", "save_checkpoint", "save_sharded", "load_sharded")),
@@ -140,7 +140,8 @@ KEYS = {
     8: (Key("main", "@record", "@record",
             "torchrun's failure summary then holds the failing rank's own traceback."),
         Key("wrap_model", "if args.compile:", "return ddp_model",
-            "The module compiled before DDP wraps it (the order that compiles), DDP with tunable buckets, "
+            "The module compiled before DDP wraps it (the order that compiles), DDP with tunable buckets that "
+            "hold the gradients (each .grad a view into its bucket), "
             "an optional 16-bit gradient compression hook."),
         Key("params_sha256", "h = hashlib.sha256()", "return h.hexdigest()",
             "A hash of every weight's bytes: two runs ended equal, bit for bit, if their hashes match."),

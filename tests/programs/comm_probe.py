@@ -2,11 +2,12 @@
 (ddp_lab.lessons.accumulation.AllReduceCounter, the counter notebook 05 uses), and prints the count:
 
     torchrun ... comm_probe.py SCRIPT -- ARGS...      ->  "COMM {"rank": R, "calls": N}"
-                                                          "VIEWS {"rank": R, "views": [bool, ...]}"
+                                                          "VIEWS {"rank": R, "buckets": N, "in_bucket": K}"
 
-One call per gradient bucket per synchronising backward: no_sync() micro-steps add none. VIEWS says, for
-each DDP model the program built, whether its gradients are views into the buckets (notebook 11 §1
-shows what that option does to where each .grad lives).
+One call per gradient bucket per synchronising backward: no_sync() micro-steps add none. VIEWS counts
+the buckets handed to the hook (N) and those whose every parameter's .grad, read there, lives in the
+bucket's own storage (K): K == N when DDP keeps the gradients as views into its buckets
+(gradient_as_bucket_view=True), K == 0 when each .grad has storage of its own (notebook 11 §1).
 """
 import importlib.util
 import json
@@ -19,14 +20,21 @@ from torch.nn.parallel import DistributedDataParallel
 from ddp_lab.lessons.accumulation import AllReduceCounter
 
 script, argv = sys.argv[1], sys.argv[sys.argv.index("--") + 1:]
-counters, views = [], []
+counters, in_bucket = [], []  # in_bucket: one bool per bucket handed to a comm hook
 
 
 class CountingDDP(DistributedDataParallel):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         counters.append(AllReduceCounter(self))
-        views.append(self.gradient_as_bucket_view)
+
+    def register_comm_hook(self, state, hook):
+        def checked(state, bucket):  # DDP calls the hook once every gradient of the bucket is in it
+            storage = bucket.buffer().untyped_storage().data_ptr()
+            in_bucket.append(all(p.grad is not None and p.grad.untyped_storage().data_ptr() == storage
+                                 for p in bucket.parameters()))
+            return hook(state, bucket)
+        super().register_comm_hook(state, checked)
 
 
 spec = importlib.util.spec_from_file_location("probed", script)
@@ -38,5 +46,6 @@ torch.nn.parallel.DistributedDataParallel = CountingDDP
 sys.argv = [script, *argv]
 mod.main(*([argv] if mod.main.__code__.co_argcount else []))
 calls = sum(c.calls for c in counters)
-print("VIEWS " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "views": views}), flush=True)
+print("VIEWS " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "buckets": len(in_bucket),
+                             "in_bucket": sum(in_bucket)}), flush=True)
 print("COMM " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "calls": calls}), flush=True)  # the last line
