@@ -59,8 +59,8 @@ def build_model(seed=0):
     return buckets.deep_mlp(width=WIDTH, depth=DEPTH)
 
 
-def model_and_batches(ctx, seed=0):
-    model = build_model(seed)
+def model_and_batches(ctx):
+    model = build_model()
     X, Y = data.digits_tensors("train")
     def batch(step):
         start = (step * ctx.world_size + ctx.rank) * BATCH % (len(X) - BATCH)
@@ -87,8 +87,9 @@ def views(ctx):
         ddp.register_comm_hook(None, hook)
         for step in range(2):    # DDP may rebuild its buckets after the first step: read the second
             seen.clear()
+            x, y = batch(step)
             ddp.zero_grad(set_to_none=False)
-            F.cross_entropy(ddp(batch(step)[0]), batch(step)[1]).backward()
+            F.cross_entropy(ddp(x), y).backward()
         bucket_ptrs = {p for p, _ in seen}
         storages = {}
         for p in model.parameters():
