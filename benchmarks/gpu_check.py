@@ -12,7 +12,11 @@ what is left of --budget seconds (the rest are reported "not run"):
   3. real nn.DataParallel over every GPU: one step's gradients against one module's;
   4. a CUDA memory snapshot of training steps (torch.cuda.memory._record_memory_history and
      _dump_snapshot, the file https://pytorch.org/memory_viz reads) and the peak memory;
-  5. nbval over every notebook (those with GPU cells first), so their GPU cells run.
+  5. notebook 11's GPU statements: TF32's real matmul error against the lesson's emulation, fp32,
+     TF32 and bf16 matmul speed, pinned against pageable host-to-GPU copies, and the graphs
+     DDPOptimizer hands torch.compile on CUDA against the bucket count;
+  6. nbval over every notebook (those that speak most of GPUs first), so their GPU cells run;
+     --jobs N runs N notebooks at once where pytest-xdist is installed.
 After each check the results so far are written into --doc as a section naming the date and the
 machine (newest run first, earlier runs kept), so a run cut short still leaves its figures.
 Logs and the snapshot go to --out. Exits 1 if a check that ran failed.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import re
@@ -90,6 +95,8 @@ def train_figure(metrics: Path) -> str:
 
 def bench_figure(doc: Path) -> str:
     bench = json.loads(doc.read_text())
+    if bench["world_size"] == 1:  # nothing crosses a link: bus bandwidth is 0 by its definition
+        return "1 rank: NCCL ran; nothing to cross a link (busbw is 0 by definition), 2+ GPUs measure it"
     best = max(bench["results"], key=lambda r: r["busbw"])
     return f"busbw {best['busbw'] / 1e9:.1f} GB/s at {best['bytes'] / 2**20:.0f} MiB (world {bench['world_size']})"
 
@@ -131,20 +138,141 @@ def memory_check(snapshot: Path) -> str:
     events = sum(len(t) for t in snap["device_traces"])
     assert snap["segments"] and events, "the snapshot holds no segment or no allocation event"
     peak = torch.cuda.max_memory_allocated() / 2**20
+    print(torch.cuda.memory_summary(abbreviated=True))
     return f"{len(snap['segments'])} segments, {events} allocator events, peak {peak:,.0f} MiB; view {snapshot.name} at pytorch.org/memory_viz"
 
 
+def precision_check() -> str:
+    """Notebook 11's precision statements on the silicon: TF32's relative matmul error (real, against
+    the lesson's emulation, gpus.matmul_errors), and fp32, TF32 and bf16 matmul TFLOP/s."""
+    import torch
+    sys.path.insert(0, str(ROOT))
+    from ddp_lab.lessons import gpus
+    emulated = gpus.matmul_errors(512)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(512, 512, generator=g, dtype=torch.float64)
+    b = torch.randn(512, 512, generator=g, dtype=torch.float64)
+    exact = a @ b
+    real = {}
+    for mode in ("ieee", "tf32"):
+        torch.backends.cuda.matmul.fp32_precision = mode
+        c = a.float().cuda() @ b.float().cuda()
+        real[mode] = float((c.double().cpu() - exact).norm() / exact.norm())
+    real["bf16"] = float(((a.cuda().bfloat16() @ b.cuda().bfloat16()).double().cpu() - exact).norm() / exact.norm())
+    speed = {}
+    n = 8192
+    for mode, dtype in (("fp32", torch.float32), ("tf32", torch.float32), ("bf16", torch.bfloat16)):
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if mode == "tf32" else "ieee"
+        x, y = torch.randn(n, n, device="cuda", dtype=dtype), torch.randn(n, n, device="cuda", dtype=dtype)
+        for _ in range(2):
+            x @ y
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            x @ y
+        stop.record()
+        torch.cuda.synchronize()
+        speed[mode] = 2 * n**3 * 5 / (start.elapsed_time(stop) / 1e3) / 1e12
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    cap = torch.cuda.get_device_capability()
+    print(f"capability {cap}, gpus.bf16_in_hardware: {gpus.bf16_in_hardware(cap)}, "
+          f"torch.cuda.is_bf16_supported(): {torch.cuda.is_bf16_supported()}")
+    print("relative error, real:", {k: f"{v:.2e}" for k, v in real.items()},
+          "emulated:", {k: f"{v:.2e}" for k, v in emulated.items()})
+    print("TFLOP/s:", {k: round(v, 1) for k, v in speed.items()})
+    assert real["ieee"] < 1e-5 < real["tf32"], real   # TF32 on changes the result, off keeps fp32's
+    assert 0.2 < real["tf32"] / emulated["tf32"] < 5, (real, emulated)
+    # pinned against pageable host memory, 256 MiB to the GPU
+    host = torch.ones(64 * 2**20)
+    rates = {}
+    for name, t in (("pageable", host), ("pinned", host.pin_memory())):
+        t.cuda(non_blocking=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            t.cuda(non_blocking=True)
+        torch.cuda.synchronize()
+        rates[name] = 5 * t.numel() * 4 / (time.perf_counter() - t0) / 1e9
+    print("host to GPU GB/s:", {k: round(v, 1) for k, v in rates.items()})
+    return (f"TF32 error {real['tf32']:.1e} (lesson's emulation {emulated['tf32']:.1e}), fp32 {real['ieee']:.1e}, "
+            f"bf16 {real['bf16']:.1e}; TFLOP/s fp32 {speed['fp32']:.0f}, TF32 {speed['tf32']:.0f}, bf16 {speed['bf16']:.0f}; "
+            f"copies pinned {rates['pinned']:.0f} GB/s, pageable {rates['pageable']:.0f} GB/s")
+
+
+def compile_check() -> str:
+    """The graphs torch.compile hands its backend for DDP(model.compile()) and torch.compile(DDP(model)),
+    on one CUDA rank (NCCL) and on one CPU rank (gloo) with this torch: notebook 11 (section 2) says
+    DDPOptimizer's split is the same on GPUs, as it reads only the bucket cap. Gradients against eager DDP."""
+    import socket
+    import torch
+    import torch._dynamo as dynamo
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    sys.path.insert(0, str(ROOT))
+    from ddp_lab.lessons import buckets
+    cap_mb, given, counts = 1.0, [], {}
+
+    def counting(gm, example_inputs):
+        given.append(len(gm.graph.nodes))
+        return gm.forward
+
+    for dev in (torch.device("cuda", 0), torch.device("cpu")):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=0, world_size=1, **({"device_id": dev} if dev.type == "cuda" else {}))
+
+        def fresh():
+            torch.manual_seed(0)
+            return buckets.deep_mlp(width=512, depth=4).to(dev)
+        x, y = torch.randn(32, 64, device=dev), torch.randint(0, 10, (32,), device=dev)
+        eager = fresh()
+        F.cross_entropy(DDP(eager, bucket_cap_mb=cap_mb)(x), y).backward()
+        sizes = [p.numel() * p.element_size() for p in eager.parameters()]
+        predicted = len(buckets.assign(sizes, int(cap_mb * buckets.MB), int(cap_mb * buckets.MB)))
+        for order in ("torch.compile(DDP(model))", "DDP(model.compile())"):
+            dynamo.reset()
+            given.clear()
+            model = fresh()
+            if order.startswith("torch.compile"):
+                step = torch.compile(DDP(model, bucket_cap_mb=cap_mb), backend=counting)
+            else:
+                model.compile(backend=counting)
+                step = DDP(model, bucket_cap_mb=cap_mb)
+            F.cross_entropy(step(x), y).backward()
+            same = all(torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+                       for p, q in zip(model.parameters(), eager.parameters()))
+            counts[dev.type, order] = len(given)
+            print(f"{dev.type}: {order}: {len(given)} graph(s) for {predicted} bucket(s), gradients equal to eager: {same}")
+            assert same, (dev, order)
+        dist.destroy_process_group()
+    for order in ("torch.compile(DDP(model))", "DDP(model.compile())"):
+        assert counts["cuda", order] == counts["cpu", order], counts   # the split does not depend on the device
+    return (f"torch {torch.__version__}: DDP(model.compile()) {counts['cuda', 'DDP(model.compile())']} graph(s), "
+            f"torch.compile(DDP(model)) {counts['cuda', 'torch.compile(DDP(model))']}, for {predicted} buckets, "
+            "the same on CUDA and CPU; gradients equal to eager")
+
+
 def notebooks_first_gpu() -> list:
-    """Every lesson and solution, those whose code mentions CUDA first."""
+    """Every lesson and solution: those whose code mentions CUDA first, the ones that speak most
+    of GPUs (CUDA, GPU, NCCL in any cell) before the others."""
     books = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")) + sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
-    gpu = [b for b in books if "cuda" in "".join("".join(c["source"]) for c in json.loads(b.read_text())["cells"]
-                                                 if c["cell_type"] == "code")]
+    cells = {b: json.loads(b.read_text())["cells"] for b in books}
+    code = {b: "".join("".join(c["source"]) for c in cells[b] if c["cell_type"] == "code") for b in books}
+    talk = {b: len(re.findall(r"cuda|gpu|nccl", "".join("".join(c["source"]) for c in cells[b]), re.I)) for b in books}
+    gpu = sorted((b for b in books if "cuda" in code[b]), key=lambda b: -talk[b])
     return gpu + [b for b in books if b not in gpu]
 
 
 def nbval_figure(log_text: str) -> tuple[bool, str]:
-    counts = {k: len(re.findall(rf"::Cell \d+ {k}", log_text)) for k in ("PASSED", "FAILED", "ERROR")}
-    books = sorted({m for m in re.findall(r"(notebooks/\S+\.ipynb)::Cell \d+ FAILED", log_text)})
+    """Cells passed and failed, from pytest -v lines: "nb.ipynb::Cell 3 PASSED" one at a time,
+    "[gw1] [ 96%] FAILED nb::ipynb::Cell 3" under pytest-xdist."""
+    found = re.findall(r"(notebooks/\S+?)(?:\.|::)ipynb::Cell \d+ (PASSED|FAILED|ERROR)", log_text)
+    found += [(b, k) for k, b in re.findall(r"\] (PASSED|FAILED|ERROR) (notebooks/\S+?)(?:\.|::)ipynb::Cell \d+", log_text)]
+    counts = {k: sum(1 for _, s in found if s == k) for k in ("PASSED", "FAILED", "ERROR")}
+    books = sorted({f"{b}.ipynb" for b, k in found if k != "PASSED"})
     ok = counts["FAILED"] == counts["ERROR"] == 0
     return ok, (f"{counts['PASSED']} cells passed, {counts['FAILED'] + counts['ERROR']} failed"
                 + (f" ({', '.join(Path(b).name for b in books)})" if books else ""))
@@ -186,7 +314,7 @@ def write_doc(doc: Path, started: str, m: dict, results: list) -> None:
     os.replace(tmp, doc)  # whole file or nothing
 
 
-def plan(out: Path, nproc: int) -> list:
+def plan(out: Path, nproc: int, notebooks_at_once: int = 1) -> list:
     """The checks in order: (name, command, environment, seconds at most, how to read its figure)."""
     jobs = []
     for name, flags, env in TRAIN_RUNS:
@@ -196,10 +324,12 @@ def plan(out: Path, nproc: int) -> list:
     bench = out / "allreduce.json"
     jobs.append((f"allreduce_bench.py, NCCL, {nproc} rank(s)", torchrun(nproc, "allreduce_bench.py", [*BENCH, "--json-out", str(bench)]),
                  {}, 90, lambda: bench_figure(bench)))
-    for inner, name in (("dataparallel", "nn.DataParallel"), ("memory", "memory snapshot")):
+    for inner, name in (("dataparallel", "nn.DataParallel"), ("memory", "memory snapshot"),
+                        ("precision", "11: TF32, bf16, pinned copies"), ("compile", "11: DDP + torch.compile on CUDA")):
         jobs.append((name, [sys.executable, str(Path(__file__).resolve()), "--inner", inner, "--out", str(out)], {}, 90, None))
     books = [str(b.relative_to(ROOT)) for b in notebooks_first_gpu()]
-    jobs.append(("nbval, every notebook", [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *books],
+    parallel = ["-n", str(notebooks_at_once), "--dist", "loadfile"] if notebooks_at_once > 1 else []
+    jobs.append(("nbval, every notebook", [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *parallel, *books],
                  {}, 10**6, "nbval"))
     return jobs
 
@@ -209,12 +339,17 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "build" / "gpu_check"), help="logs, metrics, the snapshot")
     ap.add_argument("--doc", default=str(ROOT / "docs" / "gpu_results.md"), help="where the figures are written")
     ap.add_argument("--budget", type=float, default=480, help="seconds for all checks together (default 480)")
-    ap.add_argument("--inner", choices=["dataparallel", "memory"], help=argparse.SUPPRESS)
+    ap.add_argument("--only", help="run only the checks whose names contain one of these comma-separated words "
+                    "(e.g. nbval,11:), e.g. to rerun what failed")
+    ap.add_argument("--jobs", type=int, default=1, help="notebooks run at once (needs pytest-xdist; default 1)")
+    ap.add_argument("--inner", choices=["dataparallel", "memory", "precision", "compile"], help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     import torch
     if a.inner:  # one check in its own process: a CUDA error there cannot take the others down
         ids = list(range(torch.cuda.device_count()))
-        print(dataparallel_check(ids) if a.inner == "dataparallel" else memory_check(Path(a.out) / "memory_snapshot.pickle"))
+        checks = {"dataparallel": lambda: dataparallel_check(ids), "precision": precision_check, "compile": compile_check,
+                  "memory": lambda: memory_check(Path(a.out) / "memory_snapshot.pickle")}
+        print(checks[a.inner]())
         return 0
     if not torch.cuda.is_available():
         print(f"gpu-check: no CUDA device here (torch {torch.__version__}), nothing to check; "
@@ -225,10 +360,15 @@ def main(argv=None) -> int:
     m, started = machine(), datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     nproc = 2 if m["gpus"] >= 2 else 1
     print(f"gpu-check: {m['gpus']} × {m['name']}, torch {m['torch']}, {nproc} rank(s), budget {a.budget:.0f} s", flush=True)
-    jobs = plan(out, nproc)
+    if a.jobs > 1 and importlib.util.find_spec("xdist") is None:
+        print(f"gpu-check: --jobs {a.jobs} needs pytest-xdist (pip install pytest-xdist); the notebooks run one at a time")
+        a.jobs = 1
+    jobs = plan(out, nproc, a.jobs)
     results, failed = [], False
     for i, (name, cmd, env, limit, figure) in enumerate(jobs):
         left = end - time.time()
+        if a.only and not any(w.strip().lower() in name.lower() for w in a.only.split(",")):
+            continue  # left out by --only: no row
         if left < MIN_LEFT:
             results.append(Result(name, "not run", f"the {a.budget:.0f} s budget was spent"))
             continue
@@ -239,6 +379,8 @@ def main(argv=None) -> int:
             if figure == "nbval":
                 ok, r.figure = nbval_figure(log.read_text(errors="replace"))
                 r.status = "fail" if not ok or code not in (0, 124) else ("pass" if code == 0 else "cut at the budget")
+                if code == 124:
+                    r.figure += "; cut at the budget before the last notebooks"
             elif code == 0:
                 r.figure = figure() if figure else (tail.splitlines() or [""])[-1]
             else:

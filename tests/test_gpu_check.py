@@ -66,6 +66,13 @@ def test_notebooks_with_cuda_cells_come_first_and_none_is_left_out():
     assert sorted(books) == sorted(every)
     names = [b.name for b in books]
     assert names.index("01_dataparallel_vs_ddp.ipynb") < names.index("03_ring_allreduce.ipynb")
+    assert names[0] == "11_ddp_on_gpus.ipynb"  # the lesson that speaks most of GPUs
+
+
+def test_jobs_run_the_notebooks_side_by_side_through_xdist(tmp_path):
+    cmd = gpu_check.plan(tmp_path, 1, notebooks_at_once=3)[-1][1]
+    assert cmd[cmd.index("-n") + 1] == "3" and "loadfile" in cmd  # a notebook's cells stay in one worker, in order
+    assert "-n" not in gpu_check.plan(tmp_path, 1)[-1][1]
 
 
 def test_figures_read_from_the_records(tmp_path):
@@ -113,7 +120,7 @@ def test_the_loop_writes_each_result_and_stops_at_the_budget(tmp_path, monkeypat
             ("after", [py, "-c", "print('never')"], {}, 60, None)]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_check, "machine", lambda: MACHINE)
-    monkeypatch.setattr(gpu_check, "plan", lambda out, nproc: jobs)
+    monkeypatch.setattr(gpu_check, "plan", lambda out, nproc, notebooks_at_once: jobs)
     monkeypatch.setattr(gpu_check, "MIN_LEFT", 1)
     doc = tmp_path / "gpu_results.md"
     code = gpu_check.main(["--out", str(tmp_path / "out"), "--doc", str(doc), "--budget", "4"])
@@ -122,3 +129,22 @@ def test_the_loop_writes_each_result_and_stops_at_the_budget(tmp_path, monkeypat
     assert [r.split(" | ")[:2] for r in rows] == [["| quick", "pass"], ["| broken", "fail"],
                                                   ["| slow", "fail"], ["| after", "not run"]], rows
     assert "one line" in rows[0] and "exit 3: it broke" in rows[1] and "timed out" in rows[2]
+
+
+def test_only_runs_the_named_checks_and_lists_no_other_row(tmp_path, monkeypatch):
+    py = sys.executable
+    jobs = [("train a", [py, "-c", "print('trained')"], {}, 60, None),
+            ("11: precision", [py, "-c", "print('tf32 ok')"], {}, 60, None)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "machine", lambda: MACHINE)
+    monkeypatch.setattr(gpu_check, "plan", lambda out, nproc, notebooks_at_once: jobs)
+    doc = tmp_path / "gpu_results.md"
+    assert gpu_check.main(["--out", str(tmp_path / "out"), "--doc", str(doc), "--only", "11:"]) == 0
+    rows = [line for line in doc.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert rows == ["| 11: precision | pass | tf32 ok | 0 |"], rows
+
+
+def test_one_rank_all_reduce_says_there_is_no_link_to_measure(tmp_path):
+    bench = tmp_path / "b.json"
+    bench.write_text(json.dumps({"world_size": 1, "results": [{"bytes": 2**20, "busbw": 0.0}]}))
+    assert "busbw is 0 by definition" in gpu_check.bench_figure(bench)

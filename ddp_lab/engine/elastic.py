@@ -81,6 +81,9 @@ class Cluster:
                # A fresh store per world, so a new world never reads a dead one's addresses
                # (pytorch/pytorch#167288); the program then inits with plain env://.
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+               # Agents on one machine would each number their ranks' GPUs from 0 (launch.node_gpus):
+               # the rehearsal's ranks run on the CPU over gloo, with GPUs or not
+               "CUDA_VISIBLE_DEVICES": "",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(launch.ROOT), os.environ.get("PYTHONPATH")]))}
         log = open(self.dir / f"agent_{name}.log", "a", encoding="utf-8")
         cmd = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--", *self.command(name, host)]

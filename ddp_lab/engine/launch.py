@@ -14,6 +14,7 @@ leaves them running. This module instead:
   is slow to accept output never slows or times out the job), showing at most
   SHOW_HEAD + SHOW_TAIL lines; every line stays in `Run.log`;
 - gives each launch its own port (`--standalone`, or a free port for nnodes > 1);
+- gives each simulated node GPUs of its own, or none where there are too few (node_gpus);
 - puts a small guardian (ddp_lab.engine._reaper) between the kernel and torchrun that
   kills the whole tree on timeout, on interrupt and when the kernel dies;
 - raises LaunchError naming the rank that failed first and why (ddp_lab.engine._rootcause),
@@ -137,7 +138,27 @@ def _program_argv(program) -> list[str]:
     return [str(path.resolve()), *parts[1:]]
 
 
-def _node_cmd(program_argv, nproc, nnodes, node_rank, port, max_restarts, args, prefix) -> list[str]:
+def node_gpus(nnodes: int, nproc: int, env: dict) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES for each simulated node (None: leave it as it is).
+
+    Simulated nodes share this machine, and each numbers its ranks' GPUs from LOCAL_RANK 0: two
+    nodes would both take GPU 0, and NCCL refuses two ranks on one GPU. So each node sees GPUs of
+    its own, as on separate machines, where there are enough for every rank; otherwise none, and
+    the ranks run on the CPU over gloo, as the scripts and the engine choose without a GPU."""
+    if nnodes == 1:
+        return [None]
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        pool = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        import torch  # only here: a single-node launch need not import it
+        pool = [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    if len(pool) < nnodes * nproc:
+        return [""] * nnodes
+    return [",".join(pool[i * nproc:(i + 1) * nproc]) for i in range(nnodes)]
+
+
+def _node_cmd(program_argv, nproc, nnodes, node_rank, port, max_restarts, args) -> list[str]:
     if nnodes == 1:
         rdzv = ["--standalone"]
     else:  # static rendezvous, as on two real machines (see notebook 00)
@@ -146,7 +167,7 @@ def _node_cmd(program_argv, nproc, nnodes, node_rank, port, max_restarts, args, 
     return [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
             sys.executable, "-m", "torch.distributed.run", *rdzv,
             "--nproc_per_node", str(nproc), "--max_restarts", str(max_restarts),
-            "--tee", "3", "--log-line-prefix-template", prefix, *program_argv, *map(str, args)]
+            "--tee", "3", *program_argv, *map(str, args)]
 
 
 def _reader(stream, key, q, ended) -> None:
@@ -275,7 +296,8 @@ def _kill_all(procs, grace: float = 5.0) -> None:
 def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: int = 0,
              timeout: float = 300, env: dict | None = None, threads: int | None = None,
              stream: bool = True) -> Run:
-    """Run `program` on nproc processes per node (nnodes simulated nodes on localhost).
+    """Run `program` on nproc processes per node (nnodes simulated nodes on localhost; on a
+    machine with GPUs, see node_gpus).
 
     program: a script path, a bare name from the workbook's scripts/ ("train_ddp.py"),
     or "-m module". Returns a Run; raises LaunchError on failure or timeout (the job's
@@ -302,7 +324,10 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     autopsy = _autopsy.start(child_env)  # arms the ranks through child_env; None when off
     port = free_port()
     output = _Output(stream)
-    cmds = [_node_cmd(program_argv, nproc, nnodes, i, port, max_restarts, args, output.prefix)
+    # The prefix by environment: torchrun has read it there since torch 2.2, the
+    # --log-line-prefix-template flag only in releases after 2.11.
+    child_env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = output.prefix
+    cmds = [_node_cmd(program_argv, nproc, nnodes, i, port, max_restarts, args)
             for i in range(nnodes)]
 
     # Reader threads drain the pipes into a queue, so the job never waits for this thread,
@@ -314,8 +339,9 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     start = time.time()
     started = time.monotonic()  # the timeout's clock: a wall-clock step must not end a job early
     try:
-        for node, cmd in enumerate(cmds):
-            p = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        for node, (cmd, gpus) in enumerate(zip(cmds, node_gpus(nnodes, nproc, child_env))):
+            env = child_env if gpus is None else {**child_env, "CUDA_VISIBLE_DEVICES": gpus}
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1)
             procs.append(p)
             for key, pipe in (((node, "out"), p.stdout), ((node, "err"), p.stderr)):

@@ -127,6 +127,10 @@ def setup(timeout: float | None = None) -> Context:
         device = torch.device("cpu")
     # NCCL binds this GPU at init (without device_id every barrier() warns it is guessing the GPU)
     device_id = device if device.type == "cuda" else None
+    # With NCCL, gloo beside it for CPU tensors: the lessons build DDP around CPU models in a
+    # kernel's world of one, and NCCL alone refuses them ("No backend type associated with
+    # device type cpu", seen on a GPU machine). CUDA tensors still go over NCCL.
+    group_backend = "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
     limit = datetime.timedelta(seconds=timeout if timeout is not None else timeout_s())
     set_timeout = _timeout_setter()  # init may then wait longer than each collective
     startup = max(limit, datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)) if set_timeout else limit
@@ -140,11 +144,11 @@ def setup(timeout: float | None = None) -> Context:
                 # (a new store every round; the agents' restart counts then differ).
                 attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
                 store = dist.PrefixStore(f"attempt{attempt}/", store)
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+            dist.init_process_group(group_backend, store=store, rank=rank, world_size=world_size,
                                     timeout=startup, device_id=device_id)
         else:
             dist.init_process_group(
-                backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+                group_backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
                 rank=0, world_size=1, timeout=startup, device_id=device_id)
         if set_timeout:
             set_timeout(limit)  # from here on, every collective

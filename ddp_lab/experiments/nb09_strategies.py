@@ -65,8 +65,13 @@ def install_counters():
     """FSDP2 and ZeroRedundancyOptimizer call these through the torch.distributed module at call
     time, so wrapping the module's attributes sees every call. DDP all-reduces from C++; its Python
     default hook (registered in make()) calls dist.all_reduce once per bucket instead: counted too."""
-    dist.all_gather_single = _counting("all_gather", dist.all_gather_single, _arg("output_tensor", 0))
-    dist.reduce_scatter_single = _counting("reduce_scatter", dist.reduce_scatter_single, _arg("input", 1))
+    # FSDP2 calls all_gather_single / reduce_scatter_single in newer torch, all_gather_into_tensor /
+    # reduce_scatter_tensor before them (torch 2.11 has only those): the same arguments, so both are wrapped
+    for names, op, size in ((("all_gather_single", "all_gather_into_tensor"), "all_gather", _arg("output_tensor", 0)),
+                            (("reduce_scatter_single", "reduce_scatter_tensor"), "reduce_scatter", _arg("input", 1))):
+        for name in names:
+            if hasattr(dist, name):
+                setattr(dist, name, _counting(op, getattr(dist, name), size))
     dist.broadcast = _counting("broadcast", dist.broadcast, _arg("tensor", 0))
     dist.all_reduce = _counting("all_reduce", dist.all_reduce, _arg("tensor", 0))
 

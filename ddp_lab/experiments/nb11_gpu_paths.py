@@ -252,6 +252,9 @@ def main():
                         help="only the PowerSGD runs, at these ranks (e.g. 1,2,4): notebook 11's exercise 3")
     args = parser.parse_args()
     os.environ.setdefault(runtime.BACKEND_ENV, "gloo")   # CPU ranks, counted the same with GPUs or not
+    # and no GPU seen at all: torch's PowerSGD hook calls torch.cuda.synchronize(device) whenever CUDA
+    # is available, which fails for a CPU bucket ("Expected a cuda device, but got: cpu", seen on an H200)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     install_counter()
     with runtime.distributed(timeout=max(runtime.timeout_s(), 120)) as ctx:
         torch.set_num_threads(1)

@@ -81,8 +81,10 @@ class Traffic:
 
 
 def dataparallel_on_cpu(model: nn.Module, x: torch.Tensor) -> dict:
-    """What nn.DataParallel does when no CUDA device is visible."""
-    dp = nn.DataParallel(model)
+    """What nn.DataParallel does when no CUDA device is visible. On a machine with GPUs the
+    devices are hidden from DataParallel's lookup while it is built, so the same thing is shown."""
+    with mock.patch("torch.nn.parallel.data_parallel._get_available_device_type", return_value=None):
+        dp = nn.DataParallel(model)
     calls = []
     handle = model.register_forward_hook(lambda m, i, o: calls.append(threading.get_ident()))
     try:
