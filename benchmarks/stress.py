@@ -122,7 +122,7 @@ PROCESS_TESTS = ("tests/test_autopsy.py", "tests/test_train_ddp_steps.py",
                  "tests/test_train_ddp_resume.py", "tests/test_train_ddp_resume_shared.py",
                  "tests/test_exit_release.py", "tests/test_launch_rootcause.py",
                  "tests/test_train_ddp_dcp.py", "tests/test_grade.py", "tests/test_verify.py",
-                 "tests/test_verify_ladder.py")
+                 "tests/test_verify_ladder.py", "tests/test_netcluster.py")
 
 
 def stress_tests(passes: int, timeout: float, files: str, label: str = "tests") -> tuple[int, list[str]]:

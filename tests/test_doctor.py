@@ -7,10 +7,11 @@ from pathlib import Path
 
 from ddp_lab import cli, doctor
 from ddp_lab.doctor import allreduce, checks
+from ddp_lab.engine import netcluster
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = {"python", "torch", "driver", "gpus", "backends", "allreduce_gloo", "allreduce_nccl", "master_port",
-            "hostname", "shm", "open_files", "cores", "disk", "torchrun"}
+            "hostname", "shm", "open_files", "cores", "disk", "torchrun", "cluster"}
 
 
 def test_json_run_on_this_machine_with_a_real_allreduce(tmp_path):
@@ -27,6 +28,7 @@ def test_json_run_on_this_machine_with_a_real_allreduce(tmp_path):
     # two ranks: the ring's bus bandwidth equals the algorithm bandwidth (2(N-1)/N = 1)
     assert abs(gloo["data"]["busbw_gbs"] - gloo["data"]["algbw_gbs"]) < 1e-9
     assert by_name["disk"]["status"] == "pass"
+    assert by_name["cluster"]["status"] == ("pass" if netcluster.available()[0] else "skip")
 
 
 def test_allreduce_failure_is_reported_not_raised():
@@ -107,3 +109,9 @@ def test_driver_older_than_the_cuda_runtime_fails(tmp_path, monkeypatch):
     assert checks.driver(doctor.plan()).status == "pass"
     monkeypatch.setattr(torch.version, "cuda", None)
     assert checks.driver(doctor.plan()).status == "warn"   # a GPU driver, and a CPU build of torch
+
+
+def test_the_cluster_check_says_why_it_is_not_available(monkeypatch):
+    monkeypatch.setattr(netcluster, "available", lambda: (False, "no tc here: install iproute2"))
+    c = checks.localhost_cluster(None)
+    assert c.status == "skip" and "install iproute2" in c.detail

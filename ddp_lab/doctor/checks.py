@@ -216,5 +216,16 @@ def _same_python(a: str, b: str) -> bool:
     return Path(a).absolute().parent == Path(b).absolute().parent
 
 
+def localhost_cluster(plan) -> Check:
+    """Whether launches can put nodes in network namespaces of their own, joined by a shaped link
+    (launch.torchrun(..., link=...): the multi-node cells of the lessons)."""
+    from ddp_lab.engine import netcluster
+    ok, why = netcluster.available()
+    if ok:
+        return Check("cluster", "pass", "nodes in network namespaces joined by a shaped link: available "
+                     "(launch.torchrun(..., nnodes=2, link='1gbit'))")
+    return Check("cluster", "skip", f"localhost cluster not available: {why}", data={"why": why})
+
+
 ALL = [python_version, torch_version, driver, gpus, backends, allreduce, master_port, hostname, shm,
-       open_files, cores, disk, torchrun_on_path]
+       open_files, cores, disk, torchrun_on_path, localhost_cluster]

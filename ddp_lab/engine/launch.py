@@ -15,6 +15,8 @@ leaves them running. This module instead:
   SHOW_HEAD + SHOW_TAIL lines; every line stays in `Run.log`;
 - gives each launch its own port (`--standalone`, or a free port for nnodes > 1);
 - gives each simulated node GPUs of its own, or none where there are too few (node_gpus);
+- with link="100mbit", puts each node in a network namespace of its own, joined to the others
+  by a link shaped to that rate (ddp_lab.engine.netcluster);
 - puts a small guardian (ddp_lab.engine._reaper) between the kernel and torchrun that
   kills the whole tree on timeout, on interrupt and when the kernel dies;
 - raises LaunchError naming the rank that failed first and why (ddp_lab.engine._rootcause),
@@ -50,6 +52,7 @@ from pathlib import Path
 
 import psutil
 
+from ddp_lab.engine import netcluster
 from ddp_lab.engine._rootcause import root_cause
 from ddp_lab.autopsy import collect as _autopsy
 
@@ -73,6 +76,11 @@ class LaunchInterrupted(KeyboardInterrupt):
 
     def _render_traceback_(self):  # IPython renders this instead of the traceback
         return [f"LaunchInterrupted: {self}"]
+
+
+class ClusterUnavailable(RuntimeError):
+    """link= was asked for where the localhost cluster cannot be built; the message says why and
+    what would make it work (netcluster.available())."""
 
 
 class LaunchError(RuntimeError):
@@ -158,14 +166,15 @@ def node_gpus(nnodes: int, nproc: int, env: dict) -> list[str | None]:
     return [",".join(pool[i * nproc:(i + 1) * nproc]) for i in range(nnodes)]
 
 
-def _node_cmd(program_argv, nproc, nnodes, node_rank, port, max_restarts, args) -> list[str]:
+def _node_cmd(program_argv, nproc, nnodes, node_rank, port, max_restarts, args,
+              master: str = "127.0.0.1", guardian: bool = True) -> list[str]:
     if nnodes == 1:
         rdzv = ["--standalone"]
     else:  # static rendezvous, as on two real machines (see notebook 00)
         rdzv = ["--nnodes", str(nnodes), "--node_rank", str(node_rank),
-                "--master_addr", "127.0.0.1", "--master_port", str(port)]
-    return [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
-            sys.executable, "-m", "torch.distributed.run", *rdzv,
+                "--master_addr", master, "--master_port", str(port)]
+    guard = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--"] if guardian else []
+    return [*guard, sys.executable, "-m", "torch.distributed.run", *rdzv,
             "--nproc_per_node", str(nproc), "--max_restarts", str(max_restarts),
             "--tee", "3", *program_argv, *map(str, args)]
 
@@ -293,11 +302,23 @@ def _kill_all(procs, grace: float = 5.0) -> None:
         p.wait()
 
 
+def _cluster_cmd(cmds, envs, link) -> list[str]:
+    """One guardian over the localhost cluster (ddp_lab.engine.netcluster), which runs each
+    node's command in its own network namespace, joined to the others by a link of `link`."""
+    return [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
+            *netcluster.UNSHARE, sys.executable, "-m", "ddp_lab.engine.netcluster", "--link", link,
+            "--commands", json.dumps(cmds), "--envs", json.dumps(envs)]
+
+
 def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: int = 0,
              timeout: float = 300, env: dict | None = None, threads: int | None = None,
-             stream: bool = True) -> Run:
+             stream: bool = True, link: str | None = None) -> Run:
     """Run `program` on nproc processes per node (nnodes simulated nodes on localhost; on a
     machine with GPUs, see node_gpus).
+
+    link: with nnodes > 1, put each node in a network namespace of its own, joined to the others
+    by a link of this rate ("100mbit", "1gbit", "unshaped"): ddp_lab.engine.netcluster. Where
+    the machine cannot, ClusterUnavailable says why in one line.
 
     program: a script path, a bare name from the workbook's scripts/ ("train_ddp.py"),
     or "-m module". Returns a Run; raises LaunchError on failure or timeout (the job's
@@ -306,6 +327,13 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     """
     if nproc < 1 or nnodes < 1:
         raise ValueError(f"nproc and nnodes must be at least 1 (got nproc={nproc}, nnodes={nnodes})")
+    if link is not None:
+        if nnodes < 2:
+            raise ValueError(f"link={link!r} joins nodes: give nnodes=2 or more (got nnodes={nnodes})")
+        netcluster.rate_bits(link)  # ValueError naming the fix on a bad rate
+        ok, why = netcluster.available()
+        if not ok:
+            raise ClusterUnavailable(why)
     program_argv = _program_argv(program)
     records_dir = tempfile.mkdtemp(prefix="ddp_lab_records_")
     world = nproc * nnodes
@@ -327,8 +355,14 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     # The prefix by environment: torchrun has read it there since torch 2.2, the
     # --log-line-prefix-template flag only in releases after 2.11.
     child_env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = output.prefix
-    cmds = [_node_cmd(program_argv, nproc, nnodes, i, port, max_restarts, args)
+    master = netcluster.node_addr(0) if link else "127.0.0.1"
+    cmds = [_node_cmd(program_argv, nproc, nnodes, i, port, max_restarts, args, master, guardian=not link)
             for i in range(nnodes)]
+    gpus = node_gpus(nnodes, nproc, child_env)
+    if link:  # one process starts every node, each in its namespace
+        spawn = [(_cluster_cmd(cmds, [{} if g is None else {"CUDA_VISIBLE_DEVICES": g} for g in gpus], link), None)]
+    else:
+        spawn = list(zip(cmds, gpus))
 
     # Reader threads drain the pipes into a queue, so the job never waits for this thread,
     # which may be slow to display (a busy kernel). The timeout and wall_s are the job's:
@@ -339,8 +373,8 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     start = time.time()
     started = time.monotonic()  # the timeout's clock: a wall-clock step must not end a job early
     try:
-        for node, (cmd, gpus) in enumerate(zip(cmds, node_gpus(nnodes, nproc, child_env))):
-            env = child_env if gpus is None else {**child_env, "CUDA_VISIBLE_DEVICES": gpus}
+        for node, (cmd, visible) in enumerate(spawn):
+            env = child_env if visible is None else {**child_env, "CUDA_VISIBLE_DEVICES": visible}
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1)
             procs.append(p)

@@ -1,0 +1,145 @@
+"""Several nodes on one machine, joined by a real, slow link: network namespaces and shaped veth pairs.
+
+    from ddp_lab.engine import launch, netcluster
+    netcluster.available()                      # (True, "") or (False, the one line that says why)
+    launch.torchrun("-m ddp_lab.experiments.nb00_hello", nproc=1, nnodes=2, link="100mbit")
+
+What `launch.torchrun(..., link=RATE)` builds, as an ordinary user: `unshare --user --map-root-user
+--net --mount` gives one process a user namespace of its own, in which it may create network
+namespaces. This module, run there (`python -m ddp_lab.engine.netcluster`), then
+
+- makes one network namespace per node (`ip netns add`), each with its own loopback: the ranks of
+  a node talk over it, at loopback speed;
+- joins the nodes through a bridge: each node has a veth `ddp0` (address 10.77.0.N+1), shaped to
+  RATE with `tc ... tbf` at both of its ends, so everything between nodes crosses a link of RATE;
+- starts each node's command inside its namespace (`ip netns exec`), with GLOO_SOCKET_IFNAME=ddp0,
+  and exits with the first failing node's status once every node has ended.
+
+Every address exists only inside namespaces this process created, and they all vanish with the
+last process in them: on exit, timeout, interrupt or a dead kernel (the launcher's guardian kills
+the tree) nothing is left. RATE is tc's syntax ("100mbit", "1gbit") or "unshaped" (veth at
+loopback speed).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+SUBNET = "10.77.0"          # node k is SUBNET.(k+1), inside the namespaces only
+IFNAME = "ddp0"             # each node's end of its link (the same name in every node)
+UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+OFF_ENV = "DDP_LAB_CLUSTER"
+UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--mount"]
+PROBE = ("ip link add name probe0 type veth peer name probe1 && "
+         "tc qdisc add dev probe0 root tbf rate 10mbit burst 32kb latency 50ms")
+
+
+def node_addr(k: int) -> str:
+    return f"{SUBNET}.{k + 1}"
+
+
+def rate_bits(link: str) -> float | None:
+    """Bits per second of a tc rate ("100mbit", "1gbit"); None for "unshaped"."""
+    if link == "unshaped":
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)", link.strip().lower())
+    if not m:
+        raise ValueError(f"link={link!r}: give a rate as tc writes it, e.g. '100mbit' or '1gbit', or 'unshaped'")
+    bits = float(m.group(1)) * UNITS[m.group(2)]
+    if bits < 1e6:
+        raise ValueError(f"link={link!r}: at least 1mbit (slower links make every launch take minutes)")
+    return bits
+
+
+@functools.lru_cache(maxsize=1)
+def available() -> tuple[bool, str]:
+    """(True, "") where this machine can build the cluster, else (False, one line: why, and the fix).
+    DDP_LAB_CLUSTER=off turns it off (the lessons' link cells then skip, as where it cannot work)."""
+    if os.environ.get(OFF_ENV, "").lower() in ("0", "off", "no", "false"):
+        return False, f"the localhost cluster is turned off ({OFF_ENV}={os.environ[OFF_ENV]}); unset it to use it"
+    if not sys.platform.startswith("linux"):
+        return False, ("the localhost cluster needs Linux network namespaces; on macOS or Windows run the "
+                       "multi-node cells in a Linux VM or WSL2")
+    missing = [tool for tool in ("unshare", "ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return False, (f"the localhost cluster needs {', '.join(missing)} (util-linux, iproute2): "
+                       "install them, e.g. `sudo apt-get install iproute2 util-linux`")
+    try:
+        userns = subprocess.run([*UNSHARE, "true"], capture_output=True, text=True, timeout=20)
+        links = subprocess.run([*UNSHARE, "sh", "-c", PROBE], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"the localhost cluster could not start `unshare` ({e})"
+    if userns.returncode != 0:
+        why = (userns.stderr.strip().splitlines() or ["no message"])[-1]
+        return False, ("unprivileged user namespaces are not allowed here "
+                       f"({why}): enable them (sysctl user.max_user_namespaces, or "
+                       "kernel.unprivileged_userns_clone=1 on Debian kernels) or run outside a container "
+                       "that blocks unshare")
+    if links.returncode != 0:
+        why = (links.stderr.strip().splitlines() or ["no message"])[-1]
+        return False, (f"a shaped veth link cannot be made here ({why}): the kernel needs veth and the "
+                       "tbf qdisc (modules veth, sch_tbf)")
+    return True, ""
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def _shape(ns: str | None, dev: str, bits: float | None) -> None:
+    if bits is None:
+        return
+    burst = max(32 * 1024, int(bits / 8 * 0.004))  # 4 ms of traffic: small beside a transfer
+    cmd = ["tc", *(["-n", ns] if ns else []), "qdisc", "add", "dev", dev, "root", "tbf",
+           "rate", f"{int(bits)}bit", "burst", str(burst), "latency", "100ms"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+def build(nodes: int, bits: float | None) -> list[str]:
+    """Inside the user namespace: the node namespaces, the bridge and the shaped links."""
+    subprocess.run(["mount", "-t", "tmpfs", "ddp-lab-netns", "/run"], check=True, capture_output=True)
+    os.makedirs("/run/netns", exist_ok=True)
+    _ip("link", "set", "lo", "up")
+    _ip("link", "add", "br0", "type", "bridge")
+    _ip("link", "set", "br0", "up")
+    names = [f"node{k}" for k in range(nodes)]
+    for k, ns in enumerate(names):
+        _ip("netns", "add", ns)
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("link", "add", f"h{k}", "type", "veth", "peer", "name", IFNAME, "netns", ns)
+        _ip("link", "set", f"h{k}", "master", "br0")
+        _ip("link", "set", f"h{k}", "up")
+        _ip("-n", ns, "addr", "add", f"{node_addr(k)}/24", "dev", IFNAME)
+        _ip("-n", ns, "link", "set", IFNAME, "up")
+        _shape(ns, IFNAME, bits)     # what the node sends
+        _shape(None, f"h{k}", bits)  # what it receives
+    return names
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--link", required=True, help="tc rate, e.g. 100mbit, or unshaped")
+    ap.add_argument("--commands", required=True, help="JSON: one argv per node")
+    ap.add_argument("--envs", default="", help="JSON: extra environment per node")
+    a = ap.parse_args(argv)
+    commands = json.loads(a.commands)
+    envs = json.loads(a.envs) if a.envs else [{} for _ in commands]
+    try:
+        names = build(len(commands), rate_bits(a.link))
+    except subprocess.CalledProcessError as e:
+        print(f"localhost cluster: `{' '.join(e.cmd)}` failed: {(e.stderr or '').strip()}", file=sys.stderr)
+        return 3
+    procs = [subprocess.Popen(["ip", "netns", "exec", ns, *cmd], env={**os.environ, "GLOO_SOCKET_IFNAME": IFNAME, **env})
+             for ns, cmd, env in zip(names, commands, envs)]
+    codes = [p.wait() for p in procs]
+    return next((c for c in codes if c != 0), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
