@@ -14,6 +14,7 @@ Out of scope, with the reason (each experiment is either in PROGRAMS or named he
   nb02_loader.py         one process, no process group: DataLoader workers timed
   nb02_metrics.py        evaluation and per-step timing with a hand-made all-reduce: no optimizer step
   nb03_ring.py           a ring all-reduce from send/recv, checked against dist.all_reduce: no model
+  nb03_link.py           all-reduces timed across the localhost cluster's shaped link: no model
   nb05_nosync.py         compares accumulation with and without no_sync: its article variants
                          all-reduce every micro-batch on purpose (verify finds them: comm-per-step)
   nb06_load_and_shard.py checkpoint loading and sharded saving: one optimizer step to fill its state,
