@@ -97,3 +97,11 @@ def test_it_can_be_turned_off(monkeypatch):
     finally:
         netcluster.available.cache_clear()
     assert not ok and "DDP_LAB_CLUSTER=off" in why
+
+
+def test_the_clusters_ranks_see_no_gpu():
+    """NCCL between GPUs of one machine would bypass the link: the cluster runs on CPU ranks."""
+    cmd = launch._cluster_cmd([["a"], ["b"]], "1gbit")
+    envs = json.loads(cmd[cmd.index("--envs") + 1])
+    assert envs == [{"CUDA_VISIBLE_DEVICES": ""}] * 2
+    assert cmd[cmd.index("--link") + 1] == "1gbit"

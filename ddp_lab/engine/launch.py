@@ -302,9 +302,12 @@ def _kill_all(procs, grace: float = 5.0) -> None:
         p.wait()
 
 
-def _cluster_cmd(cmds, envs, link) -> list[str]:
+def _cluster_cmd(cmds, link) -> list[str]:
     """One guardian over the localhost cluster (ddp_lab.engine.netcluster), which runs each
-    node's command in its own network namespace, joined to the others by a link of `link`."""
+    node's command in its own network namespace, joined to the others by a link of `link`.
+    Its ranks see no GPU: NCCL between GPUs of one machine would see one host and bypass the
+    link (shared memory, NVLink), so the cluster runs on the CPU over gloo, with GPUs or not."""
+    envs = [{"CUDA_VISIBLE_DEVICES": ""} for _ in cmds]
     return [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
             *netcluster.UNSHARE, sys.executable, "-m", "ddp_lab.engine.netcluster", "--link", link,
             "--commands", json.dumps(cmds), "--envs", json.dumps(envs)]
@@ -358,11 +361,10 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     master = netcluster.node_addr(0) if link else "127.0.0.1"
     cmds = [_node_cmd(program_argv, nproc, nnodes, i, port, max_restarts, args, master, guardian=not link)
             for i in range(nnodes)]
-    gpus = node_gpus(nnodes, nproc, child_env)
     if link:  # one process starts every node, each in its namespace
-        spawn = [(_cluster_cmd(cmds, [{} if g is None else {"CUDA_VISIBLE_DEVICES": g} for g in gpus], link), None)]
+        spawn = [(_cluster_cmd(cmds, link), None)]
     else:
-        spawn = list(zip(cmds, gpus))
+        spawn = list(zip(cmds, node_gpus(nnodes, nproc, child_env)))
 
     # Reader threads drain the pipes into a queue, so the job never waits for this thread,
     # which may be slow to display (a busy kernel). The timeout and wall_s are the job's:
