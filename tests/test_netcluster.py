@@ -29,8 +29,9 @@ def ours_left():
 
 
 def test_ci_has_the_cluster():
-    if os.environ.get("CI"):
-        assert OK, WHY  # the lessons' link cells may not skip silently where the workbook is tested
+    if not os.environ.get("CI"):
+        pytest.skip("outside CI a machine may lack the cluster: its cells then skip with the reason")
+    assert OK, WHY  # the lessons' link cells may not skip silently where the workbook is tested
 
 
 @needs_cluster
