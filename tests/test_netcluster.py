@@ -1,17 +1,21 @@
 """The localhost cluster (ddp_lab.engine.netcluster): nodes in network namespaces of their own,
 joined by a shaped link, built as an ordinary user, and nothing left after it.
 
-One shaped launch (the all-reduce sweep across a 20 Mbit/s link) and one killed launch share
-the cost; where the machine cannot build the cluster, the tests that need it say why and skip,
-except under CI, which has what it needs (`.ci/run` installs iproute2).
+Three launches: an all-reduce sweep across a 20 Mbit/s link, one that times out and one whose
+kernel is killed (nothing may be left of either); where the machine cannot build the cluster, the
+tests that need it say why and skip, except under CI, which has what it needs (`.ci/run` installs
+iproute2). The lessons' link cells (notebooks 00, 03, 08, 10) are the rest of its tests.
 """
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import psutil
 import pytest
 
+from conftest import PROGRAMS, processes_with, wait_until
 from ddp_lab.engine import launch, netcluster
 
 OK, WHY = netcluster.available()
@@ -58,8 +62,24 @@ def test_a_timed_out_cluster_leaves_no_process_and_no_link(tmp_path):
     (tmp_path / "sleeps.py").write_text("import time\nprint('asleep', flush=True)\ntime.sleep(600)\n")
     with pytest.raises(launch.LaunchError, match="timed out"):
         launch.torchrun(str(tmp_path / "sleeps.py"), nproc=1, nnodes=2, link="unshaped", stream=False,
-                        timeout=15, env={"DDP_LAB_AUTOPSY": "0"})
+                        timeout=8, env={"DDP_LAB_AUTOPSY": "0"})
     assert ours_left() == []
+    assert host_links() == before
+
+
+@needs_cluster
+def test_a_killed_kernel_leaves_no_process_and_no_link(marker):
+    """The kernel dies (SIGKILL, as "restart kernel" does): the guardian kills the cluster's tree."""
+    before = host_links()
+    kernel = subprocess.Popen([sys.executable, str(PROGRAMS / "drive_launch.py"), str(PROGRAMS / "sleeper.py"),
+                               marker, "300", "unshaped"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert wait_until(lambda: Path(marker + ".ready").exists(), timeout=120), "the ranks never started"
+        assert len(processes_with(marker)) >= 2
+    finally:
+        kernel.kill()
+        kernel.wait()
+    assert wait_until(lambda: not processes_with(marker), timeout=20), processes_with(marker)
     assert host_links() == before
 
 
@@ -106,3 +126,29 @@ def test_the_clusters_ranks_see_no_gpu():
     envs = json.loads(cmd[cmd.index("--envs") + 1])
     assert envs == [{"CUDA_VISIBLE_DEVICES": ""}] * 2
     assert cmd[cmd.index("--link") + 1] == "1gbit"
+
+
+def test_a_node_script_starts_each_node_as_an_operator_would():
+    """launch_multinode.sh gets each node's variables; torchrun's options it lacks come as PET_ ones."""
+    argv = launch._program_argv("train_ddp.py")
+    cmds, envs = launch._script_cmds("launch_multinode.sh", argv, 1, 2, 29555, 1, ["--epochs", "1"])
+    assert cmds == [["bash", str(launch.SCRIPTS / "launch_multinode.sh"), "--epochs", "1"]] * 2
+    assert [e["NODE_RANK"] for e in envs] == ["0", "1"]
+    assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["NNODES"], e["PET_MAX_RESTARTS"]) for e in envs} == \
+        {(netcluster.node_addr(0), "29555", "2", "1")}
+    with pytest.raises(ValueError, match="give link= too"):
+        launch.torchrun("train_ddp.py", nproc=1, nnodes=2, node_script="launch_multinode.sh")
+    with pytest.raises(ValueError, match="'launch_multinode.sh'"):
+        launch.torchrun("train_ddp.py", nproc=1, nnodes=2, link="1gbit", node_script="slurm_ddp.sbatch")
+    with pytest.raises(ValueError, match="program='train_ddp.py'"):
+        launch.torchrun("-m ddp_lab.experiments.nb00_hello", nproc=1, nnodes=2, link="1gbit",
+                        node_script="launch_multinode.sh")
+
+
+def test_shape_and_tx_bytes_work_on_a_node_only(monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    for call in (lambda: netcluster.shape("100mbit"), netcluster.tx_bytes):
+        with pytest.raises(RuntimeError, match=r"launch.torchrun\(\.\.\., nnodes=2, link="):
+            call()
+    with pytest.raises(ValueError, match="'100mbit'"):
+        netcluster.shape("fast")

@@ -29,6 +29,8 @@ Out of scope, with the reason (each experiment is either in PROGRAMS or named he
   nb07_launch.py         rendezvous and identity failures: no training
   nb07_record.py         fails in a helper on purpose (torchrun's @record): no training
   nb08_profile.py        profiling and step timing
+  nb08_link.py           steps timed across the localhost cluster's link, their replicas apart on
+                         purpose (local SGD averages only every 4 steps); verify runs on loopback
   nb09_pairs.py          single Adam steps on rank 0 only, on purpose (what Horovod's broadcasts fix)
   nb09_parallel.py       tensor and pipeline parallelism: parameters split across ranks by design
   nb09_strategies.py     DDP beside ZeroRedundancyOptimizer and FSDP2, whose parameters and optimizer

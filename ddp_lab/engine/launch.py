@@ -302,12 +302,29 @@ def _kill_all(procs, grace: float = 5.0) -> None:
         p.wait()
 
 
-def _cluster_cmd(cmds, link) -> list[str]:
+def _script_cmds(node_script, program_argv, nproc, nnodes, port, max_restarts, args):
+    """Each node's command and environment when a launch file of scripts/ starts the node, as an
+    operator would on a real machine (launch_multinode.sh: its variables, then train_ddp.py's args)."""
+    if node_script != "launch_multinode.sh":
+        raise ValueError(f"node_script={node_script!r}: the launch file that starts each node is "
+                         "'launch_multinode.sh' (scripts/); slurm_ddp.sbatch needs SLURM (elastic.rehearse)")
+    if Path(program_argv[0]).name != "train_ddp.py" or len(program_argv) > 1:
+        raise ValueError("launch_multinode.sh starts scripts/train_ddp.py: give program='train_ddp.py' "
+                         "and its options in args")
+    cmds = [["bash", str(SCRIPTS / node_script), *map(str, args)] for _ in range(nnodes)]
+    envs = [{"NNODES": str(nnodes), "NODE_RANK": str(i), "NPROC_PER_NODE": str(nproc),
+             "MASTER_ADDR": netcluster.node_addr(0), "MASTER_PORT": str(port), "PYTHON": sys.executable,
+             # torchrun reads any of its options from PET_<OPTION>: the rank prefix needs --tee
+             "PET_TEE": "3", "PET_MAX_RESTARTS": str(max_restarts)} for i in range(nnodes)]
+    return cmds, envs
+
+
+def _cluster_cmd(cmds, link, envs=None) -> list[str]:
     """One guardian over the localhost cluster (ddp_lab.engine.netcluster), which runs each
     node's command in its own network namespace, joined to the others by a link of `link`.
     Its ranks see no GPU: NCCL between GPUs of one machine would see one host and bypass the
     link (shared memory, NVLink), so the cluster runs on the CPU over gloo, with GPUs or not."""
-    envs = [{"CUDA_VISIBLE_DEVICES": ""} for _ in cmds]
+    envs = [{**(e or {}), "CUDA_VISIBLE_DEVICES": ""} for e in (envs or [None] * len(cmds))]
     return [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
             *netcluster.UNSHARE, sys.executable, "-m", "ddp_lab.engine.netcluster", "--link", link,
             "--commands", json.dumps(cmds), "--envs", json.dumps(envs)]
@@ -315,13 +332,15 @@ def _cluster_cmd(cmds, link) -> list[str]:
 
 def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: int = 0,
              timeout: float = 300, env: dict | None = None, threads: int | None = None,
-             stream: bool = True, link: str | None = None) -> Run:
+             stream: bool = True, link: str | None = None, node_script: str | None = None) -> Run:
     """Run `program` on nproc processes per node (nnodes simulated nodes on localhost; on a
     machine with GPUs, see node_gpus).
 
     link: with nnodes > 1, put each node in a network namespace of its own, joined to the others
     by a link of this rate ("100mbit", "1gbit", "unshaped"): ddp_lab.engine.netcluster. Where
     the machine cannot, ClusterUnavailable says why in one line.
+    node_script: with link, start each node with this launch file of scripts/ instead of a
+    torchrun line: "launch_multinode.sh" (program "train_ddp.py"), run once per node namespace.
 
     program: a script path, a bare name from the workbook's scripts/ ("train_ddp.py"),
     or "-m module". Returns a Run; raises LaunchError on failure or timeout (the job's
@@ -330,6 +349,8 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     """
     if nproc < 1 or nnodes < 1:
         raise ValueError(f"nproc and nnodes must be at least 1 (got nproc={nproc}, nnodes={nnodes})")
+    if node_script is not None and link is None:
+        raise ValueError(f"node_script={node_script!r} starts the nodes of the localhost cluster: give link= too")
     if link is not None:
         if nnodes < 2:
             raise ValueError(f"link={link!r} joins nodes: give nnodes=2 or more (got nnodes={nnodes})")
@@ -338,6 +359,8 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
         if not ok:
             raise ClusterUnavailable(why)
     program_argv = _program_argv(program)
+    if node_script is not None:  # a wrong launch file or program: the ValueError before anything starts
+        _script_cmds(node_script, program_argv, nproc, nnodes, 0, max_restarts, args)
     records_dir = tempfile.mkdtemp(prefix="ddp_lab_records_")
     world = nproc * nnodes
     child_env = {**os.environ, **(env or {})}
@@ -361,7 +384,10 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     master = netcluster.node_addr(0) if link else "127.0.0.1"
     cmds = [_node_cmd(program_argv, nproc, nnodes, i, port, max_restarts, args, master, guardian=not link)
             for i in range(nnodes)]
-    if link:  # one process starts every node, each in its namespace
+    if link and node_script:  # as an operator would: the launch file, once on each node
+        cmds, envs = _script_cmds(node_script, program_argv, nproc, nnodes, port, max_restarts, args)
+        spawn = [(_cluster_cmd(cmds, link, envs), None)]
+    elif link:  # one process starts every node, each in its namespace
         spawn = [(_cluster_cmd(cmds, link), None)]
     else:
         spawn = list(zip(cmds, node_gpus(nnodes, nproc, child_env)))

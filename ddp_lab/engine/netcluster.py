@@ -19,6 +19,11 @@ Every address exists only inside namespaces this process created, and they all v
 last process in them: on exit, timeout, interrupt or a dead kernel (the launcher's guardian kills
 the tree) nothing is left. RATE is tc's syntax ("100mbit", "1gbit") or "unshaped" (veth at
 loopback speed).
+
+Inside a node (a rank, or the node's command), shape(RATE) sets the rate of what that node sends,
+and tx_bytes() reads how many bytes it has sent over its link. On a cluster launched unshaped,
+every node calling shape(RATE) makes the link RATE in both directions: one launch can measure
+several rates (notebook 08).
 """
 from __future__ import annotations
 
@@ -101,6 +106,43 @@ def _shape(ns: str | None, dev: str, bits: float | None) -> None:
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
+def _in_node(what: str) -> None:
+    if os.environ.get("GLOO_SOCKET_IFNAME") != IFNAME or not os.path.exists(f"/sys/class/net/{IFNAME}"):
+        raise RuntimeError(f"netcluster.{what} works on a node of the localhost cluster: call it from a "
+                           "program started by launch.torchrun(..., nnodes=2, link=...)")
+
+
+def shape(link: str) -> None:
+    """On a node of the cluster: send at `link` from now on ("100mbit", or "unshaped" for none).
+    It shapes this node's end of its link only: call it on every node (then a barrier), on a
+    cluster launched with link="unshaped", and each direction runs at `link`."""
+    bits = rate_bits(link)
+    _in_node("shape()")
+    subprocess.run(["tc", "qdisc", "del", "dev", IFNAME, "root"], capture_output=True)  # none is fine
+    _shape(None, IFNAME, bits)
+
+
+def tx_bytes() -> int:
+    """On a node of the cluster: bytes this node has sent over its link so far (headers included)."""
+    _in_node("tx_bytes()")
+    with open(f"/sys/class/net/{IFNAME}/statistics/tx_bytes") as f:
+        return int(f.read())
+
+
+def _hosts(names) -> None:
+    """Name the nodes' addresses (node0, node1, ...) in this mount namespace's /etc/hosts, so that
+    a peer's address resolves: c10d looks each connection's peer up and warns when it cannot."""
+    try:
+        with open("/etc/hosts") as f:
+            mine = f.read()
+    except OSError:
+        mine = "127.0.0.1 localhost\n"
+    with open("/run/hosts", "w") as f:
+        # c10d's store listens on IPv6 too, and sees an IPv4 peer as ::ffff:10.77.0.N
+        f.write(mine + "".join(f"{node_addr(k)} {ns}\n::ffff:{node_addr(k)} {ns}\n" for k, ns in enumerate(names)))
+    subprocess.run(["mount", "--bind", "/run/hosts", "/etc/hosts"], check=True, capture_output=True)
+
+
 def build(nodes: int, bits: float | None) -> list[str]:
     """Inside the user namespace: the node namespaces, the bridge and the shaped links."""
     subprocess.run(["mount", "-t", "tmpfs", "ddp-lab-netns", "/run"], check=True, capture_output=True)
@@ -109,6 +151,7 @@ def build(nodes: int, bits: float | None) -> list[str]:
     _ip("link", "add", "br0", "type", "bridge")
     _ip("link", "set", "br0", "up")
     names = [f"node{k}" for k in range(nodes)]
+    _hosts(names)
     for k, ns in enumerate(names):
         _ip("netns", "add", ns)
         _ip("-n", ns, "link", "set", "lo", "up")

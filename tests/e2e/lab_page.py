@@ -73,9 +73,10 @@ class LabPage:
         select = f"{PANEL}.content.activeCellIndex = {active_cell};" if active_cell is not None else ""
         self.page.evaluate(f"() => {{ {select} window.jupyterapp.commands.execute('{name}'); }}")
 
-    def run_all(self, timeout: float = 600) -> None:
-        self.command("notebook:run-all-cells")
-        self._wait_for_cells(range(len(self.sources())), timeout)
+    def first_code_cell(self) -> int:
+        """The index of the notebook's first code cell (its setup: imports, paths)."""
+        return next(i for i in range(len(self.sources()))
+                    if self.js(f"{PANEL}.content.widgets[{i}].model.type") == "code")
 
     def run_cells(self, indices, timeout: float = 300) -> None:
         for i in indices:

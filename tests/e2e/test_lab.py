@@ -75,8 +75,9 @@ def test_stepper_says_what_it_does_before_the_notebook_runs(open_notebook, lab, 
 
 def test_ring_stepper_draws_every_step(open_notebook):
     page = open_notebook(RING)
-    page.run_all()
     index = page.cell_index(r"ring_stepper\(")
+    # the setup cell (imports), then the stepper: nbval runs the whole notebook, this test the widget
+    page.run_cells(sorted({page.first_code_cell(), index}))
     cell = page.cell(index)
     cell.scroll_into_view_if_needed()
     step = cell.locator(".widget-slider", has=page.page.locator(".widget-label", has_text="step"))
@@ -115,9 +116,7 @@ def test_ring_stepper_draws_every_step(open_notebook):
 @pytest.mark.parametrize("path,index", [c for c in widget_cells() if c[0] != RING])
 def test_widget_responds_to_each_control(open_notebook, path, index):
     page = open_notebook(path)
-    first_code = next(i for i, s in enumerate(page.sources())
-                      if page.js(f"window.jupyterapp.shell.currentWidget.content.widgets[{i}].model.type") == "code")
-    page.run_cells(sorted({first_code, index}))   # the setup cell (imports), then the widget's
+    page.run_cells(sorted({page.first_code_cell(), index}))   # the setup cell (imports), then the widget's
     exercise_controls(page, index)
 
 

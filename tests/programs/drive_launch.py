@@ -11,7 +11,9 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 program, marker = sys.argv[1], sys.argv[2]
 timeout = float(sys.argv[3]) if len(sys.argv) > 3 else 300
 try:
-    launch.torchrun(program, nproc=2, args=[marker], timeout=timeout, stream=False)
+    link = sys.argv[4] if len(sys.argv) > 4 else None   # two nodes of the localhost cluster
+    launch.torchrun(program, nproc=1 if link else 2, nnodes=2 if link else 1, link=link, args=[marker],
+                    timeout=timeout, stream=False)
 except KeyboardInterrupt:
     sys.exit(130)
 except launch.LaunchError as e:
