@@ -11,7 +11,7 @@ from ddp_lab.engine import netcluster
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = {"python", "torch", "driver", "gpus", "backends", "allreduce_gloo", "allreduce_nccl", "master_port",
-            "hostname", "shm", "open_files", "cores", "disk", "torchrun", "cluster"}
+            "hostname", "shm", "open_files", "cores", "disk", "torchrun", "cluster", "across_nodes"}
 
 
 def test_json_run_on_this_machine_with_a_real_allreduce(tmp_path):
@@ -115,3 +115,19 @@ def test_the_cluster_check_says_why_it_is_not_available(monkeypatch):
     monkeypatch.setattr(netcluster, "available", lambda: (False, "no tc here: install iproute2"))
     c = checks.localhost_cluster(None)
     assert c.status == "skip" and "install iproute2" in c.detail
+
+
+def test_across_nodes_needs_a_node_rank_and_node_0_alone_listens():
+    assert checks.across_nodes(doctor.plan()).status == "skip"
+    skipped = checks.across_nodes(doctor.plan(nnodes=2))
+    assert skipped.status == "skip" and "--node-rank" in skipped.detail
+    wrong = checks.across_nodes(doctor.plan(nnodes=2, node_rank=2))
+    assert wrong.status == "fail" and "0..1" in wrong.detail
+    other = checks.master_port(doctor.plan(nnodes=2, node_rank=1, master_addr="10.0.0.7"))
+    assert other.status == "skip" and "10.0.0.7" in other.detail
+
+
+def test_across_nodes_failure_names_the_fix(monkeypatch):
+    monkeypatch.setattr(allreduce, "across", lambda *a, **k: {"ok": False, "error": "Connection refused"})
+    c = checks.across_nodes(doctor.plan(nnodes=2, node_rank=1, master_addr="10.0.0.7", master_port=29511))
+    assert c.status == "fail" and "Connection refused" in c.detail and "29511" in c.fix and "GLOO_SOCKET_IFNAME" in c.fix

@@ -152,3 +152,17 @@ def test_shape_and_tx_bytes_work_on_a_node_only(monkeypatch):
             call()
     with pytest.raises(ValueError, match="'100mbit'"):
         netcluster.shape("fast")
+
+
+@needs_cluster
+def test_on_nodes_runs_one_command_in_each_nodes_namespace():
+    before = host_links()
+    show = ["sh", "-c", "ip -br -4 addr show ddp0"]
+    printed = launch.on_nodes([show, show], link="1gbit", timeout=60)
+    assert [netcluster.node_addr(k) in out for k, out in enumerate(printed)] == [True, True], printed
+    with pytest.raises(launch.LaunchError, match="a node failed"):
+        launch.on_nodes([["true"], ["false"]], link="1gbit", timeout=60)
+    assert launch.on_nodes([["true"], ["false"]], link="1gbit", timeout=60, check=False) == ["", ""]
+    with pytest.raises(ValueError, match="2 or more"):
+        launch.on_nodes([show], link="1gbit")
+    assert host_links() == before and ours_left() == []

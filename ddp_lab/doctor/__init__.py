@@ -3,11 +3,13 @@
     python -m ddp_lab.doctor                 # a table: pass / warn / fail / skip, and the fix
     python -m ddp_lab.doctor --json          # the same for scripts
     python -m ddp_lab.doctor --nproc 4 --nnodes 2 --master-addr head --ckpt-dir runs/ckpt
+    python -m ddp_lab.doctor --nnodes 2 --node-rank 1 --master-addr head   # on each node at once
 
 Versions (Python, torch, CUDA), driver against the CUDA runtime, GPUs (count, model,
 memory, alike), backends, a real 2-process all-reduce with its bandwidth (gloo; NCCL too
 with two GPUs), the master port, hostname resolution, /dev/shm, the open-file limit, cores
-against the planned processes, disk space for checkpoints, and whose torchrun is on PATH.
+against the planned processes, disk space for checkpoints, whose torchrun is on PATH, and,
+with --node-rank on every node, a real all-reduce between the nodes through node 0's address.
 Exit status 1 when a check fails, else 0. Takes a few seconds (the all-reduce starts two
 Python processes).
 """
@@ -36,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rendezvous address (default $MASTER_ADDR or 127.0.0.1)")
     p.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT", 29500)),
                    help="rendezvous port (default $MASTER_PORT or 29500)")
+    p.add_argument("--node-rank", type=int, default=None,
+                   help="this node's number (0 at --master-addr): with it, run on every node at once, the "
+                        "doctors all-reduce across the nodes and report the link's bandwidth")
     p.add_argument("--ckpt-dir", default=".", help="where checkpoints will go (default .)")
     p.add_argument("--min-free-gib", type=float, default=2.0, help="free disk wanted for checkpoints")
     p.add_argument("--skip-allreduce", action="store_true", help="do not start the 2-process all-reduce")

@@ -122,8 +122,33 @@ def allreduce(plan) -> list[Check]:
     return out
 
 
+def across_nodes(plan) -> Check:
+    """With --node-rank on every node: a real all-reduce between the nodes, through node 0's address."""
+    node_rank = getattr(plan, "node_rank", None)
+    if plan.nnodes < 2 or node_rank is None:
+        why = "one node planned" if plan.nnodes < 2 else "no --node-rank given"
+        return Check("across_nodes", "skip", f"{why}: run `ddp-lab doctor --nnodes N --node-rank K --master-addr "
+                     "NODE0` on every node at once to test the link between them")
+    if not 0 <= node_rank < plan.nnodes:
+        return Check("across_nodes", "fail", f"--node-rank {node_rank} is not in 0..{plan.nnodes - 1}",
+                     "number the nodes 0 to --nnodes - 1, node 0 at --master-addr")
+    from ddp_lab.doctor.allreduce import across
+    r = across(node_rank, plan.nnodes, plan.master_addr, plan.master_port)
+    where = f"{plan.master_addr}:{plan.master_port}"
+    if not r["ok"]:
+        return Check("across_nodes", "fail", f"all-reduce with the other nodes through {where} failed: {r['error']}",
+                     f"start the doctor on all {plan.nnodes} nodes within two minutes; open port {plan.master_port} "
+                     "on node 0; set GLOO_SOCKET_IFNAME to the interface the nodes share", r)
+    detail = (f"node {node_rank} of {plan.nnodes}, through {where}, {r['megabytes']:g} MB: "
+              f"{r['seconds'] * 1e3:.0f} ms, bus bandwidth {r['busbw_gbs'] * 1e3:.1f} MB/s")
+    return Check("across_nodes", "pass", detail, data=r)
+
+
 def master_port(plan) -> Check:
     addr, port = plan.master_addr, plan.master_port
+    if getattr(plan, "node_rank", None) not in (None, 0):
+        return Check("master_port", "skip", f"node 0 listens on {addr}:{port}; this node connects to it "
+                     "(across_nodes tests that)")
     try:
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -228,4 +253,4 @@ def localhost_cluster(plan) -> Check:
 
 
 ALL = [python_version, torch_version, driver, gpus, backends, allreduce, master_port, hostname, shm,
-       open_files, cores, disk, torchrun_on_path, localhost_cluster]
+       open_files, cores, disk, torchrun_on_path, localhost_cluster, across_nodes]

@@ -330,6 +330,41 @@ def _cluster_cmd(cmds, link, envs=None) -> list[str]:
             "--commands", json.dumps(cmds), "--envs", json.dumps(envs)]
 
 
+def on_nodes(commands, link: str, timeout: float = 180, check: bool = True) -> list[str]:
+    """Run one command per node of the localhost cluster, each in its node's network namespace,
+    the nodes joined by a link of `link`: e.g. the doctor on every node at once. commands: one argv
+    per node. Returns what each node printed (stdout). LaunchError when the time runs out, or, with
+    check, when a node exits non-zero; either way nothing of it is left running."""
+    if len(commands) < 2:
+        raise ValueError(f"on_nodes runs one command per node: give 2 or more (got {len(commands)})")
+    netcluster.rate_bits(link)
+    ok, why = netcluster.available()
+    if not ok:
+        raise ClusterUnavailable(why)
+    folder = Path(tempfile.mkdtemp(prefix="ddp_lab_nodes_"))
+    outs = [folder / f"node{k}.out" for k in range(len(commands))]
+    wrapped = [["sh", "-c", 'out="$1"; shift; exec "$@" > "$out"', "sh", str(o), *map(str, c)]
+               for o, c in zip(outs, commands)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    p = subprocess.Popen(_cluster_cmd(wrapped, link), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, text=True, errors="replace")
+    try:
+        _, err = p.communicate(timeout=timeout)
+        printed = [o.read_text(errors="replace") if o.exists() else "" for o in outs]
+    except subprocess.TimeoutExpired:
+        _kill_all([p])
+        raise LaunchError(f"timed out after {timeout:g} s; every process on the nodes was killed") from None
+    except KeyboardInterrupt:
+        _kill_all([p])
+        raise LaunchInterrupted("stopped, and every process on the nodes with it") from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if p.returncode and check:
+        last = (err.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+        raise LaunchError(f"a node failed (exit status {p.returncode}): {last}")
+    return printed
+
+
 def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: int = 0,
              timeout: float = 300, env: dict | None = None, threads: int | None = None,
              stream: bool = True, link: str | None = None, node_script: str | None = None) -> Run:

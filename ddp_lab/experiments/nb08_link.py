@@ -7,14 +7,14 @@ The cluster starts unshaped; before each phase both nodes shape what they send
 
 1. alone: rank 0 times the step without DDP, at batch B and 2B (one device's step; rank 1 waits).
 2. alpha: a 4-byte all-reduce across the link (the per-call latency; tbf adds none).
-3. for each rate in RATES: both ranks time the step without DDP at once (each rank's compute
-   while the other computes too: they share this machine's cores), an all-reduce of the
-   gradients' size across the link, and DDP's step.
-4. on the slowest rate and unshaped: the remedies, each from the same start.
+3. for each rate in RATES: an all-reduce of the gradients' size across the link, and DDP's step,
+   each step after a step without DDP on both ranks at once (each rank's compute, timed beside
+   the steps, under the same load: the ranks share this machine's cores).
+4. on the slowest rate and unshaped: the remedies, each from the same start, timed the same way.
 
 Records (rank 0; seconds are medians): kind="alone" (batch, forward, backward, optimizer),
-"compute" (rate, forward, backward, optimizer), "alpha" (seconds), "link" (rate, bytes, seconds),
-"step" (rate, variant, seconds per micro-batch
+"alpha" (seconds), "link" (rate, bytes, seconds), "step" (rate, variant, compute: the step
+without DDP timed beside it (forward, backward, optimizer), seconds per micro-batch
 of B samples, forward seconds, tx: bytes node 0 sent over the link per micro-batch, handed: the
 bytes of each all-reduce the variant's Python code (comm hook, local SGD) handed to dist.all_reduce
 over the timed `steps`).
@@ -48,20 +48,23 @@ def batch(size):
     return torch.rand(size, 64, generator=g), torch.randint(0, 10, (size,), generator=g)
 
 
+def plain_step(model, opt, x, y):
+    """One step without DDP: (forward, backward, optimizer) seconds."""
+    t0 = time.perf_counter()
+    loss = F.cross_entropy(model(x), y)
+    t1 = time.perf_counter()
+    loss.backward()
+    t2 = time.perf_counter()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return t1 - t0, t2 - t1, time.perf_counter() - t2
+
+
 def alone(size):
     """This rank's step without DDP: forward, backward, optimizer seconds (medians)."""
     model, (x, y) = make_model(), batch(size)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    parts = []
-    for _ in range(WARMUP + STEPS):
-        t0 = time.perf_counter()
-        loss = F.cross_entropy(model(x), y)
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        parts.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+    parts = [plain_step(model, opt, x, y) for _ in range(WARMUP + STEPS)]
     return [statistics.median(p[i] for p in parts[WARMUP:]) for i in range(3)]
 
 
@@ -127,16 +130,22 @@ class Calls:
 
 
 def timed(ctx, rate, variant):
+    """The variant's steps, each after one step without DDP (both ranks at once): the compute the
+    model is given is timed beside the steps it predicts, under the same load."""
     model, _ = build(variant)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    plain = make_model()
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01)
     x, y = batch(B)
     steps = STEPS * H if variant == "local SGD x4" else STEPS  # whole averaging periods
     for i in range(WARMUP):
+        plain_step(plain, plain_opt, x, y)
         one_step(model, opt, x, y, variant, i, ctx.world_size)
     dist.barrier()
-    per, fwds, tx0 = [], [], netcluster.tx_bytes()
+    per, fwds, compute, tx0 = [], [], [], netcluster.tx_bytes()
     with Calls() as calls:
         for i in range(steps):
+            compute.append(plain_step(plain, plain_opt, x, y))
             t0 = time.perf_counter()
             micro, fwd = one_step(model, opt, x, y, variant, i, ctx.world_size)
             per.append((time.perf_counter() - t0) / micro)
@@ -144,8 +153,10 @@ def timed(ctx, rate, variant):
     tx = (netcluster.tx_bytes() - tx0) / (len(per) * micro)
     if variant == "local SGD x4":   # a period's steps as one: the averaging lands on one of them
         per = [sum(per[i:i + H]) / H for i in range(0, len(per), H)]
+    f, b, o = (statistics.median(c[k] for c in compute) for k in range(3))
     ctx.record(kind="step", rate=rate, variant=variant, seconds=statistics.median(per),
-               forward=statistics.median(fwds), tx=tx, handed=calls.sizes, steps=steps)
+               forward=statistics.median(fwds), compute={"forward": f, "backward": b, "optimizer": o},
+               tx=tx, handed=calls.sizes, steps=steps)
 
 
 def link_time(nbytes, iters=3):
@@ -172,9 +183,6 @@ def main(argv=None):
         ctx.record(kind="alpha", seconds=link_time(4, iters=9))
         for rate in RATES:
             netcluster.shape(rate)
-            dist.barrier()
-            f, b, o = alone(B)
-            ctx.record(kind="compute", rate=rate, forward=f, backward=b, optimizer=o)
             dist.barrier()
             ctx.record(kind="link", rate=rate, bytes=nbytes, seconds=link_time(nbytes))
             for variant in (REMEDIES if rate in (RATES[0], RATES[-1]) else REMEDIES[:1]):

@@ -4,8 +4,8 @@
     rows = link.table(run)        # one row per (rate, variant): measured and predicted seconds
     link.scaling(run)             # weak and strong speedups of 2 nodes at each rate
 
-The model is model.py's, fed with this launch's own inputs: each rank's compute (both ranks
-computing at once, no DDP), the latency alpha of a 4-byte all-reduce, and the link's bytes per
+The model is model.py's, fed with this launch's own inputs: each rank's compute (a step without
+DDP on both ranks at once, timed beside each variant's steps, so under the same load), the latency alpha of a 4-byte all-reduce, and the link's bytes per
 second: the shaped rate as given to tc (nominal), or, unshaped, the gradients' all-reduce as timed.
 Per micro-batch of B samples on N = 2 ranks (ring: 2 alpha + S beta):
 
@@ -44,9 +44,10 @@ def bucket_sizes(cap_mb=None) -> list:
     return [sum(sizes[i] for i in b) for b in buckets.assign(sizes, *caps)]
 
 
-def inputs(run, rate) -> dict:
-    """The model's inputs at `rate`: compute parts, alpha, beta (s/B), and where beta came from."""
-    c = _one(run, kind="compute", rate=rate)
+def inputs(run, rate, variant="DDP") -> dict:
+    """The model's inputs for `variant` at `rate`: compute parts (the step without DDP timed beside
+    the variant's steps), alpha, beta (s/B), and where beta came from."""
+    c = _one(run, kind="step", rate=rate, variant=variant)["compute"]
     alpha = _one(run, kind="alpha")["seconds"]
     lk = _one(run, kind="link", rate=rate)
     bits = netcluster.rate_bits(rate)
@@ -60,7 +61,7 @@ def inputs(run, rate) -> dict:
 
 def predict(run, rate, variant, overlap=1.0) -> float:
     """Predicted seconds per micro-batch of `variant` at `rate`; overlap=0 hides nothing under backward."""
-    x = inputs(run, rate)
+    x = inputs(run, rate, variant)
     f, b, o, a, beta = x["forward"], x["backward"], x["optimizer"], x["alpha"], x["beta"]
     ring = lambda nbytes: float(costmodel.ring(nbytes, N, a, beta))
     exposed = lambda sizes: pm.comm_exposed(sizes, N, a, beta, b, overlap=overlap)[1]
@@ -86,7 +87,7 @@ def table(run) -> list:
     ratio, the measured share of the step not spent computing, bytes node 0 sent per micro-batch."""
     rows = []
     for s in run.select(rank=0, kind="step"):
-        x = inputs(run, s["rate"])
+        x = inputs(run, s["rate"], s["variant"])
         compute = x["forward"] + x["backward"] + x["optimizer"]
         p = predict(run, s["rate"], s["variant"])
         rows.append({"rate": s["rate"], "variant": s["variant"], "measured": s["seconds"], "predicted": p,
@@ -121,7 +122,7 @@ def assumptions(run, row) -> list:
     input moved (then the step itself varied: a busy machine)."""
     if abs(row["ratio"] - 1) <= TOLERANCE:
         return []
-    x = inputs(run, row["rate"])
+    x = inputs(run, row["rate"], row["variant"])
     found = []
     nominal = float(costmodel.ring(x["bytes"], N, x["alpha"], x["beta"]))
     if x["link_s"] > (1 + TOLERANCE) * nominal:
