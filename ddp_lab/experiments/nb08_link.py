@@ -69,10 +69,10 @@ def alone(size):
 
 
 def build(variant):
-    """The model and what one optimizer step of `variant` runs (a function of x, y)."""
+    """The model `variant` trains: DDP with its buckets or comm hook, or (local SGD) the plain model."""
     model = make_model()
     if variant == "local SGD x4":
-        return model, None
+        return model
     # PowerSGD gets one bucket: on gloo, with several, each bucket's chain of all-reduces (issued from
     # the previous one's callback) interleaved differently on the two ranks here: a collective mismatch
     cap = {"small buckets": 0.25, "PowerSGD": 100.0}.get(variant)
@@ -83,7 +83,7 @@ def build(variant):
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=4,
                                             start_powerSGD_iter=2, min_compression_rate=2)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    return ddp, None
+    return ddp
 
 
 def local_sgd_average(model, world):
@@ -94,7 +94,7 @@ def local_sgd_average(model, world):
 
 
 def one_step(model, opt, x, y, variant, i, world):
-    """One optimizer step; returns (micro-batches it took, seconds of the first forward)."""
+    """One optimizer step; returns (micro-batches it took, seconds of the forward whose backward syncs)."""
     micro = K if variant == "no_sync x4" else 1
     fwd = None
     for m in range(micro):
@@ -132,7 +132,7 @@ class Calls:
 def timed(ctx, rate, variant):
     """The variant's steps, each after one step without DDP (both ranks at once): the compute the
     model is given is timed beside the steps it predicts, under the same load."""
-    model, _ = build(variant)
+    model = build(variant)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     plain = make_model()
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01)
