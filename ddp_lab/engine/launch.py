@@ -319,6 +319,21 @@ def _script_cmds(node_script, program_argv, nproc, nnodes, port, max_restarts, a
     return cmds, envs
 
 
+def _require_cluster(link: str) -> None:
+    """A ValueError naming the fix on a bad rate; ClusterUnavailable (one line: why) where the
+    machine cannot build the localhost cluster."""
+    netcluster.rate_bits(link)
+    ok, why = netcluster.available()
+    if not ok:
+        raise ClusterUnavailable(why)
+
+
+def _importing_this_checkout(env: dict) -> dict:
+    """Children import this checkout's ddp_lab, even started from a notebook folder."""
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
 def _cluster_cmd(cmds, link, envs=None) -> list[str]:
     """One guardian over the localhost cluster (ddp_lab.engine.netcluster), which runs each
     node's command in its own network namespace, joined to the others by a link of `link`.
@@ -337,16 +352,12 @@ def on_nodes(commands, link: str, timeout: float = 180, check: bool = True) -> l
     check, when a node exits non-zero; either way nothing of it is left running."""
     if len(commands) < 2:
         raise ValueError(f"on_nodes runs one command per node: give 2 or more (got {len(commands)})")
-    netcluster.rate_bits(link)
-    ok, why = netcluster.available()
-    if not ok:
-        raise ClusterUnavailable(why)
+    _require_cluster(link)
     folder = Path(tempfile.mkdtemp(prefix="ddp_lab_nodes_"))
     outs = [folder / f"node{k}.out" for k in range(len(commands))]
     wrapped = [["sh", "-c", 'out="$1"; shift; exec "$@" > "$out"', "sh", str(o), *map(str, c)]
                for o, c in zip(outs, commands)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.Popen(_cluster_cmd(wrapped, link), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    p = subprocess.Popen(_cluster_cmd(wrapped, link), env=_importing_this_checkout(dict(os.environ)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL, text=True, errors="replace")
     try:
         _, err = p.communicate(timeout=timeout)
@@ -389,10 +400,7 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     if link is not None:
         if nnodes < 2:
             raise ValueError(f"link={link!r} joins nodes: give nnodes=2 or more (got nnodes={nnodes})")
-        netcluster.rate_bits(link)  # ValueError naming the fix on a bad rate
-        ok, why = netcluster.available()
-        if not ok:
-            raise ClusterUnavailable(why)
+        _require_cluster(link)
     program_argv = _program_argv(program)
     if node_script is not None:  # a wrong launch file or program: the ValueError before anything starts
         _script_cmds(node_script, program_argv, nproc, nnodes, 0, max_restarts, args)
@@ -408,8 +416,7 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
         # Restarted workers get a store of their own instead of reusing the dead attempt's
         # (pytorch/pytorch#167288: stale peer addresses -> gloo "Connection refused").
         child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    # Keep children importing this checkout's ddp_lab even from a notebook folder.
-    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
+    child_env = _importing_this_checkout(child_env)
     autopsy = _autopsy.start(child_env)  # arms the ranks through child_env; None when off
     port = free_port()
     output = _Output(stream)
