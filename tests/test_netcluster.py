@@ -1,13 +1,14 @@
 """The localhost cluster (ddp_lab.engine.netcluster): nodes in network namespaces of their own,
 joined by a shaped link, built as an ordinary user, and nothing left after it.
 
-Three launches: an all-reduce sweep across a 20 Mbit/s link, one that times out and one whose
-kernel is killed (nothing may be left of either); where the machine cannot build the cluster, the
-tests that need it say why and skip, except under CI, which has what it needs (`.ci/run` installs
+Launches: an all-reduce sweep across a 20 Mbit/s link; one that times out, one whose kernel is
+interrupted and one whose kernel is killed (nothing may be left of any); an elastic job that loses
+a node. Where the machine cannot build the cluster, the tests that need it say why and skip, except under CI, which has what it needs (`.ci/run` installs
 iproute2). The lessons' link cells (notebooks 00, 03, 08, 10) are the rest of its tests.
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import psutil
 import pytest
 
 from conftest import PROGRAMS, processes_with, wait_until
-from ddp_lab.engine import launch, netcluster
+from ddp_lab.engine import elastic, launch, netcluster
 
 OK, WHY = netcluster.available()
 needs_cluster = pytest.mark.skipif(not OK and not os.environ.get("CI"), reason=WHY)
@@ -68,19 +69,60 @@ def test_a_timed_out_cluster_leaves_no_process_and_no_link(tmp_path):
 
 
 @needs_cluster
-def test_a_killed_kernel_leaves_no_process_and_no_link(marker):
-    """The kernel dies (SIGKILL, as "restart kernel" does): the guardian kills the cluster's tree."""
+@pytest.mark.parametrize("how", ["interrupt", "kill"])
+def test_an_interrupted_or_killed_kernel_leaves_no_process_and_no_link(marker, how):
+    """The stop button (SIGINT: KeyboardInterrupt in the kernel) and a dead kernel (SIGKILL, as
+    "restart kernel" does) both end in the guardian killing the cluster's tree, as a timeout does."""
     before = host_links()
     kernel = subprocess.Popen([sys.executable, str(PROGRAMS / "drive_launch.py"), str(PROGRAMS / "sleeper.py"),
                                marker, "300", "unshaped"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         assert wait_until(lambda: Path(marker + ".ready").exists(), timeout=120), "the ranks never started"
         assert len(processes_with(marker)) >= 2
+        if how == "interrupt":
+            kernel.send_signal(signal.SIGINT)
+            assert kernel.wait(timeout=30) == 130  # KeyboardInterrupt reached the cell
     finally:
         kernel.kill()
         kernel.wait()
     assert wait_until(lambda: not processes_with(marker), timeout=20), processes_with(marker)
     assert host_links() == before
+
+
+@needs_cluster
+def test_a_lost_node_takes_its_processes_and_its_link_and_the_driver_leaves_nothing():
+    """elastic.Cluster(link=...): a node is lost with everything in its namespace; when the driving
+    code then fails, the rest of the cluster goes too, links included."""
+    before = host_links()
+    with pytest.raises(RuntimeError, match="the driver failed"):
+        with elastic.Cluster("-m ddp_lab.experiments.nb10_elastic --ckpt {ckpt} --steps 100000 --timeout 5",
+                             link="unshaped") as c:
+            c.start("A", host=True)
+            c.start("B")
+            c.wait(lambda r: len(elastic.steps(r, 2)) >= 2, "world 2", timeout=240)
+            b = {p.pid for p in processes_with(str(c.ckpt)) if "DDP_LAB_AGENT=B" in _environ(p)}
+            assert len(b) >= 2                   # B's agent and its worker
+            lost = c.kill("B")
+            assert b <= set(lost["killed"]) and not [p for p in b if _alive(p)]
+            assert "h0" in lost["links"] and "h1" not in lost["links"]    # B's link went down with it
+            assert c.agents["B"].poll() is not None and c.agents["A"].poll() is None
+            raise RuntimeError("the driver failed")
+    assert wait_until(lambda: not processes_with(str(c.dir)), timeout=5), processes_with(str(c.dir))
+    assert c.server.poll() is not None and host_links() == before and ours_left() == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _environ(p: psutil.Process) -> str:
+    try:
+        return " ".join(f"{k}={v}" for k, v in p.environ().items())
+    except psutil.Error:
+        return ""
 
 
 def test_bad_requests_name_the_fix(monkeypatch):

@@ -9,6 +9,10 @@ rehearsal of the multi-node launch files with stand-in srun/scontrol/python (reh
         ...
     c.records                                         # every rank's JSON lines, in time order
 
+With link="1gbit" (or any rate, see netcluster) each agent runs on a node of the localhost
+cluster, added as it starts, and kill() loses the whole node: its link goes down, then every
+process in its namespace is killed, as in a power cut. Without it the agents share 127.0.0.1.
+
 Each agent is `python -m torch.distributed.run --nnodes MIN:MAX --rdzv-backend c10d`, as on a
 real node, started under ddp_lab.engine._reaper (which kills its whole tree when asked, or when
 this kernel dies). Leaving the `with` block, normally or by an exception, stops every agent
@@ -31,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from ddp_lab.engine import launch
+from ddp_lab.engine import launch, netcluster
 
 # torchrun's defaults: last_call 30 s, keep-alive every 5 s and a node dead after 3 missed,
 # join 600 s, close 30 s. Here: 2 s of last call (then the round closes with whoever came),
@@ -44,7 +48,13 @@ class Cluster:
     """Agents of one elastic job on localhost; records, checkpoint and logs in one folder."""
 
     def __init__(self, program: str, nnodes: str = "1:2", nproc: int = 1, max_restarts: int = 3,
-                 monitor_interval: float = 0.5, rdzv_conf: dict | None = None, timeout: float = 240):
+                 monitor_interval: float = 0.5, rdzv_conf: dict | None = None, timeout: float = 240,
+                 link: str | None = None):
+        if link is not None:
+            launch._require_cluster(link)
+        self.link = link                # each agent a node of the localhost cluster, else 127.0.0.1
+        self.nodes: dict[str, int] = {}                     # agent name -> node number (its address)
+        self.server: subprocess.Popen | None = None
         self.nnodes, self.nproc, self.max_restarts = nnodes, nproc, max_restarts
         self.monitor_interval = monitor_interval
         self.rdzv_conf = {**RDZV_CONF, **(rdzv_conf or {})}
@@ -66,12 +76,19 @@ class Cluster:
         self.stop_all()
 
     # -- agents --------------------------------------------------------------------------
+    def address(self, name: str) -> str:
+        """The agent's address: its node's on the link (nodes numbered as they start), or 127.0.0.1."""
+        return netcluster.node_addr(self.nodes.setdefault(name, len(self.nodes))) if self.link else "127.0.0.1"
+
     def command(self, name: str, host: bool) -> list[str]:
         conf = ",".join(f"{k}={v}" for k, v in {**self.rdzv_conf, "is_host": int(host)}.items())
+        me = self.address(name)
+        store = me if host else self.address(self.host) if self.host else "127.0.0.1"
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", self.nnodes,
                 "--nproc_per_node", str(self.nproc), "--max_restarts", str(self.max_restarts),
-                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{self.port}",
+                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{store}:{self.port}",
                 "--rdzv_id", "ddp-lab-elastic", "--rdzv_conf", conf,
+                *(["--local_addr", me] if self.link else []),
                 "--monitor_interval", str(self.monitor_interval), *self.program]
 
     def start(self, name: str, host: bool = False) -> None:
@@ -85,19 +102,43 @@ class Cluster:
                # the rehearsal's ranks run on the CPU over gloo, with GPUs or not
                "CUDA_VISIBLE_DEVICES": "",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(launch.ROOT), os.environ.get("PYTHONPATH")]))}
-        log = open(self.dir / f"agent_{name}.log", "a", encoding="utf-8")
-        cmd = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--", *self.command(name, host)]
-        self.agents[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL)
-        log.close()
         if host:
             self.host = name
+        if self.link:
+            extra = {k: v for k, v in env.items() if os.environ.get(k) != v}
+            self._ask(start=self.nodes.setdefault(name, len(self.nodes)), cmd=self.command(name, host),
+                      env=extra, log=str(self.dir / f"agent_{name}.log"))
+            self.agents[name] = _Node(self, self.nodes[name])
+        else:
+            log = open(self.dir / f"agent_{name}.log", "a", encoding="utf-8")
+            cmd = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--", *self.command(name, host)]
+            self.agents[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                 stdin=subprocess.DEVNULL)
+            log.close()
         self.event(f"start {name}")
 
-    def kill(self, name: str) -> None:
-        """Lose a node: SIGKILL its agent and its workers at once (no goodbye to the others)."""
+    def _ask(self, **request) -> dict:
+        """One request to the cluster's node server (netcluster.serve), started on first use."""
+        if self.server is None:
+            self.server = subprocess.Popen(
+                launch._cluster_cmd(None, self.link), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                text=True, env=launch._importing_this_checkout(dict(os.environ)))
+        self.server.stdin.write(json.dumps(request) + "\n")
+        self.server.stdin.flush()
+        line = self.server.stdout.readline()
+        answer = json.loads(line) if line else {"error": f"the cluster ended (exit status {self.server.wait()})"}
+        if "error" in answer:
+            raise RuntimeError(f"localhost cluster, {request}: {answer['error']}")
+        return answer
+
+    def kill(self, name: str) -> dict:
+        """Lose a node: SIGKILL its agent and its workers at once (no goodbye to the others). On
+        the localhost cluster its link goes down first, then every process in its namespace dies:
+        {"killed": pids, "links": the cluster's links after it}; on 127.0.0.1 {"killed": pids}."""
         guardian = self.agents[name]
         self.event(f"kill {name}")
+        if self.link:
+            return self._ask(lose=self.nodes[name])
         procs = _tree(guardian.pid)
         for p in procs:
             try:
@@ -106,11 +147,13 @@ class Cluster:
                 pass
         psutil.wait_procs(procs, timeout=10)
         guardian.wait(timeout=10)
+        return {"killed": [p.pid for p in procs]}
 
     def stop_all(self) -> None:
         """Stop every agent still running (the guardians kill their trees), then check nothing is left."""
-        launch._kill_all(list(self.agents.values()))
-        left = [p for g in self.agents.values() for p in _tree(g.pid)]
+        guardians = [self.server] if self.link else list(self.agents.values())
+        launch._kill_all([g for g in guardians if g is not None])
+        left = [p for g in guardians if g is not None for p in _tree(g.pid)]
         if left:
             raise RuntimeError(f"processes left after stopping the agents: {[p.pid for p in left]}")
 
@@ -152,6 +195,27 @@ class Cluster:
             codes[name] = self.agents[name].wait(timeout=max(1, deadline - time.time()))
         self.event("finished")
         return codes
+
+
+class _Node:
+    """An agent on a node of the localhost cluster, asked through the node server (as Popen is)."""
+
+    def __init__(self, cluster: Cluster, node: int):
+        self.cluster, self.node = cluster, node
+
+    def poll(self) -> int | None:
+        server = self.cluster.server
+        if server is None or server.poll() is not None:
+            return -1
+        return self.cluster._ask(poll=True)["codes"].get(str(self.node))
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = time.time() + (timeout if timeout is not None else 1e9)
+        while (code := self.poll()) is None:
+            if time.time() > deadline:
+                raise subprocess.TimeoutExpired(f"node {self.node}", timeout)
+            time.sleep(0.2)
+        return code
 
 
 def _tree(pid: int) -> list[psutil.Process]:

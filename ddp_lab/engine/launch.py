@@ -338,11 +338,14 @@ def _cluster_cmd(cmds, link, envs=None) -> list[str]:
     """One guardian over the localhost cluster (ddp_lab.engine.netcluster), which runs each
     node's command in its own network namespace, joined to the others by a link of `link`.
     Its ranks see no GPU: NCCL between GPUs of one machine would see one host and bypass the
-    link (shared memory, NVLink), so the cluster runs on the CPU over gloo, with GPUs or not."""
+    link (shared memory, NVLink), so the cluster runs on the CPU over gloo, with GPUs or not.
+    cmds=None: nodes are started and lost on request (netcluster.serve, elastic.Cluster)."""
+    cluster = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
+               *netcluster.UNSHARE, sys.executable, "-m", "ddp_lab.engine.netcluster", "--link", link]
+    if cmds is None:
+        return [*cluster, "--serve"]
     envs = [{**(e or {}), "CUDA_VISIBLE_DEVICES": ""} for e in (envs or [None] * len(cmds))]
-    return [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
-            *netcluster.UNSHARE, sys.executable, "-m", "ddp_lab.engine.netcluster", "--link", link,
-            "--commands", json.dumps(cmds), "--envs", json.dumps(envs)]
+    return [*cluster, "--commands", json.dumps(cmds), "--envs", json.dumps(envs)]
 
 
 def on_nodes(commands, link: str, timeout: float = 180, check: bool = True) -> list[str]:

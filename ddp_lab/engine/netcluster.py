@@ -24,6 +24,9 @@ Inside a node (a rank, or the node's command), shape(RATE) sets the rate of what
 and tx_bytes() reads how many bytes it has sent over its link. On a cluster launched unshaped,
 every node calling shape(RATE) makes the link RATE in both directions: one launch can measure
 several rates (notebook 08).
+
+With --serve it starts nodes on request instead, and loses them on request: its link goes down,
+then every process in its namespace is killed (serve(); elastic.Cluster(link=...), notebook 10).
 """
 from __future__ import annotations
 
@@ -33,8 +36,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 SUBNET = "10.77.0"          # node k is SUBNET.(k+1), inside the namespaces only
 IFNAME = "ddp0"             # each node's end of its link (the same name in every node)
@@ -145,33 +150,105 @@ def _hosts(names) -> None:
 
 
 def build(nodes: int, bits: float | None) -> list[str]:
-    """Inside the user namespace: the node namespaces, the bridge and the shaped links."""
+    """Inside the user namespace: the bridge, then the node namespaces and their shaped links."""
     subprocess.run(["mount", "-t", "tmpfs", "ddp-lab-netns", "/run"], check=True, capture_output=True)
     os.makedirs("/run/netns", exist_ok=True)
     _ip("link", "set", "lo", "up")
     _ip("link", "add", "br0", "type", "bridge")
     _ip("link", "set", "br0", "up")
-    names = [f"node{k}" for k in range(nodes)]
-    _hosts(names)
-    for k, ns in enumerate(names):
-        _ip("netns", "add", ns)
-        _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("link", "add", f"h{k}", "type", "veth", "peer", "name", IFNAME, "netns", ns)
-        _ip("link", "set", f"h{k}", "master", "br0")
-        _ip("link", "set", f"h{k}", "up")
-        _ip("-n", ns, "addr", "add", f"{node_addr(k)}/24", "dev", IFNAME)
-        _ip("-n", ns, "link", "set", IFNAME, "up")
-        _shape(ns, IFNAME, bits)     # what the node sends
-        _shape(None, f"h{k}", bits)  # what it receives
-    return names
+    _hosts([f"node{k}" for k in range(max(nodes, 8))])
+    return [add_node(k, bits) for k in range(nodes)]
+
+
+def add_node(k: int, bits: float | None) -> str:
+    """Node k: its namespace, and a veth from it to the bridge, shaped both ways."""
+    ns = f"node{k}"
+    _ip("netns", "add", ns)
+    _ip("-n", ns, "link", "set", "lo", "up")
+    _ip("link", "add", f"h{k}", "type", "veth", "peer", "name", IFNAME, "netns", ns)
+    _ip("link", "set", f"h{k}", "master", "br0")
+    _ip("link", "set", f"h{k}", "up")
+    _ip("-n", ns, "addr", "add", f"{node_addr(k)}/24", "dev", IFNAME)
+    _ip("-n", ns, "link", "set", IFNAME, "up")
+    _shape(ns, IFNAME, bits)     # what the node sends
+    _shape(None, f"h{k}", bits)  # what it receives
+    return ns
+
+
+def lose_node(k: int, timeout: float = 10) -> list[int]:
+    """Node k is lost, as a machine that loses power: its link goes down first (no packet of its
+    dying sockets reaches anyone), then every process in its namespace gets SIGKILL, then the
+    namespace goes. Returns the pids it killed; raises if any is still alive after `timeout` s."""
+    ns = f"node{k}"
+    _ip("link", "del", f"h{k}")          # the pair goes: node k's end, ddp0, with it
+    deadline, killed = time.time() + timeout, []
+    while True:
+        pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                                               text=True).stdout.split()]
+        if not pids:
+            break
+        if time.time() > deadline:
+            raise RuntimeError(f"{ns}: processes {pids} outlived SIGKILL for {timeout:g} s")
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        killed += [p for p in pids if p not in killed]
+        time.sleep(0.05)
+    _ip("netns", "del", ns)
+    return killed
+
+
+def _links() -> list[str]:
+    """The links of this (the cluster's) namespace: the bridge and each node's far end, h<k>."""
+    out = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    return [line.split()[0].split("@")[0] for line in out.splitlines() if line.strip()]
+
+
+def serve(bits: float | None) -> int:
+    """Nodes on request (the elastic lesson): one JSON request per line on stdin, one JSON answer
+    per line on stdout. {"start": k, "cmd": [...], "env": {...}, "log": path} adds node k if it is
+    new and starts cmd in it; {"lose": k} loses node k (lose_node); {"poll": true} gives every
+    started command's exit code (null while it runs). End of stdin ends every node."""
+    build(0, bits)
+    procs: dict[int, subprocess.Popen] = {}
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            if "start" in req:
+                k = int(req["start"])
+                if not os.path.exists(f"/run/netns/node{k}"):
+                    add_node(k, bits)
+                with open(req["log"], "a", encoding="utf-8") as log:
+                    procs[k] = subprocess.Popen(
+                        ["ip", "netns", "exec", f"node{k}", *req["cmd"]], stdin=subprocess.DEVNULL,
+                        stdout=log, stderr=subprocess.STDOUT,
+                        env={**os.environ, "GLOO_SOCKET_IFNAME": IFNAME, **req.get("env", {})})
+                answer = {"pid": procs[k].pid}
+            elif "lose" in req:
+                k = int(req["lose"])
+                answer = {"killed": lose_node(k), "links": _links()}
+                procs[k].wait(timeout=10)
+            else:
+                answer = {"codes": {k: p.poll() for k, p in procs.items()}}
+        except (subprocess.CalledProcessError, RuntimeError, OSError, KeyError) as e:
+            answer = {"error": f"{type(e).__name__}: {getattr(e, 'stderr', '') or e}"}
+        print(json.dumps(answer), flush=True)
+    for p in procs.values():
+        p.kill()
+    return 0
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--link", required=True, help="tc rate, e.g. 100mbit, or unshaped")
-    ap.add_argument("--commands", required=True, help="JSON: one argv per node")
+    ap.add_argument("--commands", help="JSON: one argv per node")
     ap.add_argument("--envs", default="", help="JSON: extra environment per node")
+    ap.add_argument("--serve", action="store_true", help="start nodes on request, from stdin (serve())")
     a = ap.parse_args(argv)
+    if a.serve:
+        return serve(rate_bits(a.link))
     commands = json.loads(a.commands)
     envs = json.loads(a.envs) if a.envs else [{} for _ in commands]
     try:

@@ -80,17 +80,20 @@ def main():
     p.add_argument("--save-every", type=int, default=5)
     p.add_argument("--sample-ms", type=float, default=6.0,
                    help="stand-in compute per sample: a rank with a bigger share of the batch takes longer")
+    p.add_argument("--timeout", type=float, default=runtime.timeout_s(),
+                   help="seconds a collective waits for a silent peer before it fails")
     args = p.parse_args()
 
     # Plain env:// init: torchrun gives every new world a fresh MASTER_PORT when the agents
     # do not share their rendezvous store with the workers (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1).
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=runtime.timeout_s()))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=max(args.timeout, 60)))
+    dist.set_timeout(datetime.timedelta(seconds=args.timeout))  # NEW: a lost peer fails us after this
     rank, world_size = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     ctx = runtime.Context(rank, world_size, 0, 1, torch.device("cpu"), "gloo", True)
+    step = 0
     try:
         model, optimizer = new_model_and_optimizer()
-        step = 0
         if os.path.exists(args.ckpt):                        # NEW: every start resumes
             state = torch.load(args.ckpt, weights_only=True)
             model.load_state_dict(state["model"])
@@ -119,6 +122,10 @@ def main():
         dist.barrier()                                       # the final checkpoint exists for all
         ctx.print0(f"done: step {step}")
         del ddp, model, optimizer
+    except Exception as e:                                   # NEW: say how this worker ended
+        ctx.record(kind="failed", step=step, world_size=world_size, error=str(e).splitlines()[0][:200],
+                   agent=os.environ.get("DDP_LAB_AGENT", "?"))
+        raise
     finally:
         gc.collect()
         dist.destroy_process_group()
