@@ -1,4 +1,4 @@
-"""Train a classifier with DistributedDataParallel: one file, 1 CPU to N GPUs on N nodes.
+"""Train a classifier (or a regression model) with DistributedDataParallel: one file, 1 CPU to N GPUs on N nodes.
 
 Run recipe (the same file, unchanged, in every setting):
 
@@ -29,13 +29,15 @@ What it gets right (each one a classic DDP bug when missing):
 - the same seed for the initial weights, then each rank its own random stream (dropout,
   augmentation); DistributedSampler.set_epoch every epoch;
 - gradient accumulation with no_sync() on every micro-step but the last;
-- losses and accuracy all-reduced before printing (not rank 0's own numbers);
+- losses, accuracy and RMSE from sums all-reduced before printing (not rank 0's own numbers);
 - evaluation counts every validation sample exactly once (no sampler padding);
 - rank 0 saves the full training state (every rank's random state too) atomically: temp file,
   then rename; on resume each rank reads it if all see it, else rank 0 reads and broadcasts it
   (--ckpt-format dcp: every rank writes its part of a folder, renamed into place when complete);
 - resume continues mid-epoch at the exact batch, so crash + restart == uninterrupted run;
 - the DDP model is released before the process group is destroyed (see main()).
+
+The task (--task classification | regression) is one class, Task: its targets, loss and metrics.
 
 Metrics (--metrics-out, JSON lines appended by rank 0, each with "kind" and "attempt"):
 config, train, eval, ckpt, resume, final. --profile-steps A:B writes a torch.profiler trace of
@@ -70,7 +72,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset, default_collate
 
 
 def parse_args(argv=None):
@@ -81,6 +83,8 @@ def parse_args(argv=None):
     a("--download", action="store_true", help="cifar10: download if missing (rank 0 only)")
     a("--synthetic-shape", default="3,32,32", help="synthetic: C,H,W of the random images")
     a("--synthetic-size", type=int, default=4096, help="synthetic: number of training samples")
+    a("--task", default="classification", choices=["classification", "regression"], help="classification: "
+      "class indices, cross-entropy, accuracy; regression: float32 targets shaped (N, outputs), MSE, RMSE")
     a("--model", default="mlp", choices=["mlp", "cnn", "resnet18", "wide_mlp"])
     a("--hidden", type=int, default=None, help="mlp width (64) / wide_mlp width (2048)")
     a("--batch-norm", action="store_true", help="cnn: add BatchNorm2d after each conv")
@@ -102,6 +106,8 @@ def parse_args(argv=None):
     a("--seed", type=int, default=0)
     a("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     a("--tf32", default="auto", choices=["auto", "off"], help="auto: TF32 for fp32 on GPUs from Ampere on")
+    a("--max-skipped-steps", type=int, default=3, metavar="K",
+      help="stop with an error after K optimizer steps in a row skipped for a non-finite loss or gradient")
     a("--clip-grad-norm", type=float, default=None, metavar="X",
       help="clip the global gradient norm to X, once per optimizer step (default: measure, never clip)")
     a("--grad-compression", default="none", choices=["none", "fp16", "bf16"])
@@ -144,12 +150,15 @@ class UsageError(Exception):
 
 def validate(args) -> None:
     """Checks that need nothing but the arguments: every rank reaches the same verdict."""
-    for name in ("batch_size", "epochs", "accum_steps", "save_every", "log_every"):
+    for name in ("batch_size", "epochs", "accum_steps", "save_every", "log_every", "max_skipped_steps"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
     for name in ("max_steps", "crash_at_step"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    if args.task == "regression" and args.dataset in ("digits", "cifar10", "imagefolder"):
+        raise UsageError(f"--dataset {args.dataset} has class labels, not values to regress: use --task "
+                         "classification, or --dataset synthetic (or your own data) with --task regression")
     if not 0 <= args.dropout < 1:
         raise UsageError(f"--dropout must be in [0, 1) (got {args.dropout})")
     if args.lr <= 0:
@@ -255,15 +264,21 @@ def load_digits_split():
 
 
 def build_data(args, rank):
-    """(train set, validation set, number of classes); each sample is (input tensor, class index)."""
+    """(train set, validation set, model outputs); each sample is (input, target) as Task describes."""
     if args.dataset == "digits":
         return load_digits_split()
     if args.dataset == "synthetic":
         shape = tuple(int(s) for s in args.synthetic_shape.split(","))
         g = torch.Generator().manual_seed(1234)  # same data on every rank, unrelated to --seed
         n, n_val = args.synthetic_size, max(1, args.synthetic_size // 8)
-        X, y = torch.randn(n + n_val, *shape, generator=g), torch.randint(0, 10, (n + n_val,), generator=g)
-        return TensorDataset(X[:n], y[:n]), TensorDataset(X[n:], y[n:]), 10
+        X = torch.randn(n + n_val, *shape, generator=g)
+        if args.task == "classification":
+            y = torch.randint(0, 10, (n + n_val,), generator=g)
+            return TensorDataset(X[:n], y[:n]), TensorDataset(X[n:], y[n:]), 10
+        w = torch.randn(math.prod(shape), generator=g) / math.prod(shape) ** 0.5
+        y = 40 + 8 * X.flatten(1) @ w + torch.randn(n + n_val, generator=g)  # in its own units: mean 40, std 8
+        y = ((y - y[:n].mean()) / y[:n].std()).reshape(-1, 1)  # standardised by the training part; (N, 1)
+        return TensorDataset(X[:n], y[:n]), TensorDataset(X[n:], y[n:]), 1
     import torchvision.transforms as T  # lazy: importing torchvision costs seconds
     from torchvision import datasets
 
@@ -319,6 +334,61 @@ class ResumableSampler(DistributedSampler):
 
     def __len__(self):
         return max(0, math.ceil((len(self.dataset) - self.start) / self.num_replicas))
+
+
+# ---------------------------------------------------------------- the task: targets, loss, metrics
+class Task:
+    """What the model learns, in one place: adapting the script to another task is changing this class.
+
+    classification: targets are class indices, torch.long shaped (N,), in [0, outputs); cross-entropy;
+    loss and accuracy. regression: targets are torch.float32 shaped (N, outputs), as the model's
+    output is; mean squared error; loss (MSE) and RMSE, the square root of the global mean."""
+
+    def __init__(self, kind: str, outputs: int):
+        self.kind, self.outputs = kind, outputs
+
+    def __str__(self):  # the start line's words for the model's output
+        return f"{self.outputs} classes" if self.kind == "classification" else f"regression, {self.outputs} output(s)"
+
+    def loss(self, out, y, reduction="mean"):
+        if self.kind == "classification":
+            return F.cross_entropy(out, y, reduction=reduction)
+        return F.mse_loss(out, y, reduction=reduction)
+
+    def check_target(self, dataset) -> str | None:
+        """The one-line fix when the targets do not fit the task: all of them when that is cheap, else
+        the first. A wrong shape trains without an error: (N,) targets against (B, 1) outputs
+        broadcast to a (B, B) loss."""
+        y = (dataset.tensors[-1] if isinstance(dataset, TensorDataset) else torch.as_tensor(dataset.targets)
+             if hasattr(dataset, "targets") else default_collate([dataset[0][1]]))  # batched as the loader does
+        want = "torch.long shaped (N,)" if self.kind == "classification" else f"torch.float32 shaped (N, {self.outputs})"
+        if self.kind == "classification" and (y.dtype != torch.long or y.dim() != 1):
+            return (f"classification targets are class indices, {want}; these are {y.dtype} shaped "
+                    f"{tuple(y.shape)}: build them with torch.tensor(labels, dtype=torch.long), or use --task regression")
+        if self.kind == "classification" and len(y) and not 0 <= y.min() <= y.max() < self.outputs:
+            return (f"class labels must be in [0, {self.outputs}) for {self.outputs} classes, these span "
+                    f"{y.min().item()} to {y.max().item()}: number the classes from 0, or return their number from build_data")
+        if self.kind == "regression" and y.dtype != torch.float32:
+            return (f"regression targets are {y.dtype}, the model's output torch.float32: build them with "
+                    "torch.tensor(y, dtype=torch.float32)")
+        if self.kind == "regression" and tuple(y.shape[1:]) != (self.outputs,):
+            return (f"regression targets shaped {tuple(y.shape)} would broadcast against outputs shaped "
+                    f"(batch, {self.outputs}): want {want}, e.g. y.reshape(-1, {self.outputs})")
+        return None
+
+    def sums(self, out, y):
+        """One evaluation batch: [loss sum, correct answers (or target values), samples]."""
+        second = (out.argmax(1) == y).sum() if self.kind == "classification" else torch.tensor(y.numel())
+        return torch.stack([self.loss(out, y, reduction="sum").double(), second.double().to(out.device),
+                            torch.tensor(float(len(y)), dtype=torch.float64, device=out.device)])
+
+    def metrics(self, stats) -> dict:
+        """From the sums of every rank (all-reduced): RMSE is the square root of the global mean
+        squared error, never a mean of each rank's RMSE."""
+        total, second, count = stats.tolist()
+        if self.kind == "classification":
+            return {"loss": total / count, "acc": second / count, "count": int(count)}
+        return {"loss": total / second, "rmse": math.sqrt(total / second), "count": int(count)}
 
 
 # ---------------------------------------------------------------- model
@@ -423,15 +493,15 @@ def check_writable(folder: str) -> str | None:
 
 # What a checkpoint's tensors depend on: resuming with any of these changed is refused, naming it.
 SPEC_FLAGS = {"model": "--model", "width": "--hidden", "batch_norm": "--batch-norm", "dropout": "--dropout",
-              "dataset": "--dataset", "train_samples": "training samples", "classes": "classes",
-              "input_shape": "input shape"}
+              "dataset": "--dataset", "train_samples": "training samples", "classes": "model outputs",
+              "input_shape": "input shape", "task": "--task"}
 
 
 def run_spec(args, train_set, classes, shape) -> dict:
     width = mlp_width(args) if args.model in ("mlp", "wide_mlp") else None
     return {"model": args.model, "width": width, "batch_norm": args.batch_norm, "dropout": args.dropout,
             "dataset": args.dataset, "train_samples": len(train_set), "classes": classes,
-            "input_shape": list(shape)}
+            "input_shape": list(shape), "task": args.task}
 
 
 def read_checkpoint(path: str, spec: dict):
@@ -743,20 +813,18 @@ def evaluation_loader(val_set, rank, world_size, num_workers):
                       num_workers=num_workers, persistent_workers=num_workers > 0)
 
 
-def evaluate(model, loader, device, amp_dtype):
-    """(loss, accuracy, count) over the whole validation set. `model` is the unwrapped model:
-    ranks may hold different numbers of batches here, and DDP's forward expects them equal."""
+def evaluate(model, loader, device, amp_dtype, task):
+    """The task's metrics over the whole validation set: {loss, acc or rmse, count}. `model` is the
+    unwrapped model: ranks may hold different numbers of batches here, and DDP's forward expects them equal."""
     model.eval()
-    stats = torch.zeros(3, dtype=torch.float64, device=device)  # [loss sum, correct, count]
+    stats = torch.zeros(3, dtype=torch.float64, device=device)  # Task.sums: [loss sum, correct or values, count]
     with torch.no_grad(), autocast(device, amp_dtype):
         for x, y in loader:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            out = model(x).float()
-            stats += torch.stack([F.cross_entropy(out, y, reduction="sum").double(),
-                                  (out.argmax(1) == y).sum().double(), torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
-    dist.all_reduce(stats)  # global numbers, not rank 0's shard
+            stats += task.sums(model(x).float(), y)
+    dist.all_reduce(stats)  # global sums, not rank 0's shard: the metrics come from these
     model.train()
-    return (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item(), int(stats[2].item())
+    return task.metrics(stats)
 
 
 def sync_buffers(model):
@@ -905,24 +973,28 @@ def steps_left(n, epoch, position, args, world_size):
 def train(args, rank, world_size, device, backend):
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)  # torchrun's restart count
     is_main = rank == 0
-    train_set, val_set, classes = build_data(args, rank)
+    train_set, val_set, outputs = build_data(args, rank)
+    task = Task(args.task, outputs)
     shape = tuple(train_set[0][0].shape)  # one input sample's shape, read from the data itself
     if train_set[0][0].is_floating_point() and train_set[0][0].dtype != torch.float32:  # numpy's float64
         raise UsageError(f"the inputs are {train_set[0][0].dtype}, the model float32: build the dataset "
                          "from torch.tensor(X, dtype=torch.float32)")
+    for data in (train_set, val_set):  # the same data, so the same verdict, on every rank
+        if problem := task.check_target(data):
+            raise UsageError(problem)
     agree(check_start(args, world_size, train_set, is_main))
     fit_batch(args, len(train_set), world_size, is_main)  # before anything derives from the batch size
 
     torch.manual_seed(args.seed)  # identical init on every rank (DDP also broadcasts rank 0's)
     random.seed(args.seed)
-    raw_model = build_model(args, shape, classes).to(device)  # unwrapped: what checkpoints hold
+    raw_model = build_model(args, shape, outputs).to(device)  # unwrapped: what checkpoints hold
     if args.sync_bn:
         raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(raw_model)
     # From here on each rank draws its own dropout masks and augmentations (the same stream on
     # every rank would make N ranks see N copies of one random view of their data).
     torch.manual_seed(rank_seed(args.seed, rank))
     random.seed(rank_seed(args.seed, rank))
-    spec = run_spec(args, train_set, classes, shape)
+    spec = run_spec(args, train_set, outputs, shape)
 
     sampler = ResumableSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
     loader_rng = torch.Generator()  # seeds the DataLoader workers (per rank, below)
@@ -947,7 +1019,7 @@ def train(args, rank, world_size, device, backend):
     effective_batch = args.batch_size * world_size * args.accum_steps
     lr, total_steps = optimizer.param_groups[0]["initial_lr"], args.epochs * steps_per_epoch
     say(None, is_main, f"world_size={world_size} backend={backend} device={device}{tf32} model={args.model} "
-        f"dataset={args.dataset} ({len(train_set)} train, {len(val_set)} val, {classes} classes) "
+        f"dataset={args.dataset} ({len(train_set)} train, {len(val_set)} val, {task}) "
         f"effective batch={args.batch_size} x {world_size} ranks x {args.accum_steps} accum "
         f"= {effective_batch}, lr={lr:g}, {steps_per_epoch} steps/epoch")
     metrics.write("config", **{**run_config, "backend": backend, "device": str(device)},
@@ -964,6 +1036,7 @@ def train(args, rank, world_size, device, backend):
     bar = progress_bar(args.progress, min(max_steps, end), step, is_main)
     per_batch = args.batch_size * world_size  # samples all ranks use per batch
     window = Window(device)
+    in_a_row, first_step = 0, step  # optimizer steps skipped in a row (non-finite); where this run began
     loader_rng.manual_seed(rank_seed(args.seed, rank) + epoch)  # workers' seeds, once: the workers persist
     profiler = StepProfiler(args.profile_steps, args.profile_dir, rank, device)
     profiler.update(step)
@@ -977,7 +1050,7 @@ def train(args, rank, world_size, device, backend):
             sync = is_sync_step(i, args.accum_steps, batches)
             with contextlib.nullcontext() if sync else model.no_sync():  # all-reduce once per group
                 with autocast(device, amp_dtype):
-                    loss = F.cross_entropy(model(x), y) / group_size(i, args.accum_steps, batches)
+                    loss = task.loss(model(x), y) / group_size(i, args.accum_steps, batches)
                 scaler.scale(loss).backward()  # the loss is the group's mean: / group_size above
             window.add(loss.detach(), len(y))
             i += 1
@@ -988,6 +1061,9 @@ def train(args, rank, world_size, device, backend):
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             step, window.steps = step + 1, window.steps + 1
+            # fp16: GradScaler skips steps while it lowers its scale from 65536 to one that fits; a skip at a
+            # scale of 1 or less (or with no scaler) means the loss or the gradients themselves are not finite
+            in_a_row = in_a_row + 1 if skipped and scaler.get_scale() <= 1 else 0
             profiler.update(step)
             if bar:
                 bar.update(1)
@@ -996,6 +1072,11 @@ def train(args, rank, world_size, device, backend):
                 metrics.write("train", **rec)
                 say(bar, is_main, f"step {step} epoch {epoch} loss {rec['loss']:.4f} lr {lr_used:.4g} "
                     f"{rec['samples_per_s']:.0f} samples/s" + (" (skipped: non-finite gradients)" if skipped else ""))
+            # the same count on every rank (the gradients were all-reduced); never exit 0 having trained nothing
+            if in_a_row >= args.max_skipped_steps or in_a_row == step - first_step and step >= min(max_steps, end):
+                raise UsageError(f"{in_a_row} optimizer step(s) in a row skipped, up to step {step}: the loss or the "
+                                 "gradients are not finite. Lower --lr, standardise the inputs and regression targets "
+                                 "(docs/train_ddp.md), or clip with --clip-grad-norm; --max-skipped-steps K allows more")
             if last_pt and step % args.save_every == 0:
                 save_checkpoint(last_pt, stateful, (epoch, position + i * per_batch, step), spec, run_config, device, saved_step)
                 saved_step = step
@@ -1006,9 +1087,10 @@ def train(args, rank, world_size, device, backend):
                 break
         with window.paused():  # after every epoch, and where --max-steps stopped mid-epoch
             sync_buffers(raw_model)  # every rank evaluates the same model
-            loss, acc, count = evaluate(raw_model, val_loader, device, amp_dtype)
-        metrics.write("eval", epoch=epoch, step=step, loss=loss, acc=acc, count=count)
-        say(bar, is_main, f"eval epoch {epoch} step {step}: loss {loss:.4f} acc {acc:.4f} ({count} samples)")
+            scores = evaluate(raw_model, val_loader, device, amp_dtype, task)
+        metrics.write("eval", epoch=epoch, step=step, **scores)
+        say(bar, is_main, f"eval epoch {epoch} step {step}: " + " ".join(
+            f"{k} {v:.4f}" for k, v in scores.items() if k != "count") + f" ({scores['count']} samples)")
         epoch, position = (epoch + 1, 0) if i >= batches else (epoch, position + i * per_batch)
     profiler.finish()
     if bar:

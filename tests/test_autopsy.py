@@ -82,6 +82,18 @@ def error(hangs, name) -> launch.LaunchError:
     return e
 
 
+def diagnosis_lines(e) -> list:
+    """The diagnosis at the top of the message (under the launcher's timeout line): what happened,
+    then one line per rank."""
+    lines = str(e).splitlines()
+    if lines[0].startswith("timed out after"):
+        lines = lines[1:]
+    assert lines[0].startswith("the job hung "), lines[:4]
+    ranks = [x for x in lines[1:1 + len(e.autopsy.ranks)] if x.startswith("  rank ")]
+    assert len(ranks) == len(e.autopsy.ranks), lines[:6]
+    return [lines[0], *ranks]
+
+
 def test_launcher_timeout_mismatched_collectives(hangs):
     e = error(hangs, "mismatch")
     message = str(e)
@@ -90,8 +102,12 @@ def test_launcher_timeout_mismatched_collectives(hangs):
     reduce_at = line_of(COLLECTIVES, "dist.all_reduce(stats)", 'if how == "mismatch"')
     barrier_at = line_of(COLLECTIVES, "dist.barrier()", 'if how == "mismatch"')
     # The program runs three all_reduces that match, so the mismatch is collective #4.
-    assert (f"rank 0 waits in all_reduce #4 (hang_collectives.py:{reduce_at}); rank 1 waits in barrier #4 "
-            f"(hang_collectives.py:{barrier_at}): the ranks called different collectives") in message
+    assert diagnosis_lines(e) == ["the job hung at collective #4: the ranks called different collectives",
+                                  f"  rank 0 waits in all_reduce #4 (hang_collectives.py:{reduce_at})",
+                                  f"  rank 1 waits in barrier #4 (hang_collectives.py:{barrier_at})"]
+    assert e.autopsy.headline == (f"rank 0 waits in all_reduce #4 (hang_collectives.py:{reduce_at}); rank 1 waits "
+                                  f"in barrier #4 (hang_collectives.py:{barrier_at}): the ranks called different "
+                                  "collectives")
     assert e.autopsy.kind == "mismatch"
     assert e.autopsy.ranks[0].collective.op == "all_reduce" and e.autopsy.ranks[1].collective.op == "barrier"
     assert e.autopsy.ranks[0].source == "live"  # asked while the ranks were still alive
@@ -101,8 +117,10 @@ def test_launcher_timeout_sleeping_rank(hangs):
     e = error(hangs, "sleeper")
     reduce_at = line_of(COLLECTIVES, "dist.all_reduce(stats)", 'elif how == "sleeper"')
     sleep_at = line_of(COLLECTIVES, "time.sleep(0.1)")
-    assert (f"rank 0 waits in all_reduce #4 (hang_collectives.py:{reduce_at}); rank 1 never reached "
-            f"collective #4; its stack: hang_collectives.py:{sleep_at} in evaluate") in str(e)
+    assert diagnosis_lines(e) == ["the job hung at collective #4: not every rank reached it",
+                                  f"  rank 0 waits in all_reduce #4 (hang_collectives.py:{reduce_at})",
+                                  f"  rank 1 never reached collective #4; its stack: hang_collectives.py:{sleep_at} "
+                                  "in evaluate"]
     assert e.autopsy.ranks[1].state == "elsewhere"
 
 
@@ -125,9 +143,10 @@ def test_the_diagnosis_arrives_within_the_timeout_plus_15_s(hangs):
 def test_collective_only_on_rank_0(hangs):
     e = error(hangs, "rank0")
     reduce_at = line_of(COLLECTIVES, "dist.all_reduce(stats)", 'elif how == "rank0"')
-    first = str(e).splitlines()[0]
-    assert f"rank 0 was waiting in all_reduce #4 (hang_collectives.py:{reduce_at})" in first
-    assert "rank 1 was waiting in barrier #4" in first
+    summary, rank0, rank1 = diagnosis_lines(e)
+    assert summary == "the job hung at collective #4: the ranks called different collectives"
+    assert rank0 == f"  rank 0 was waiting in all_reduce #4 (hang_collectives.py:{reduce_at})"
+    assert rank1.startswith("  rank 1 was waiting in barrier #4")
     assert e.autopsy.pattern.name == "rank_condition" and e.autopsy.pattern.rule == "DDP009"
     assert f"hang_collectives.py:{reduce_at - 1} `if rank == 0:`" in str(e)
     # DDP009 does not flag it here (all_reduce also runs on every rank in main), and says so
@@ -140,9 +159,9 @@ def test_barrier_only_in_rank_0s_save_path(hangs):
     e = error(hangs, "save")
     barrier_at = line_of(COLLECTIVES, "dist.barrier()", "def save")
     reduce_at = line_of(COLLECTIVES, "dist.all_reduce(stats)", 'elif how == "save"')
-    first = str(e).splitlines()[0]
-    assert f"rank 0 was waiting in barrier #4 (hang_collectives.py:{barrier_at})" in first
-    assert f"rank 1 was waiting in all_reduce #4 (hang_collectives.py:{reduce_at})" in first
+    summary, rank0, rank1 = diagnosis_lines(e)
+    assert rank0 == f"  rank 0 was waiting in barrier #4 (hang_collectives.py:{barrier_at})"
+    assert rank1 == f"  rank 1 was waiting in all_reduce #4 (hang_collectives.py:{reduce_at})"
     # The barrier itself is in save(); the rank condition is at the call.
     assert e.autopsy.pattern.name == "rank_condition"
     assert f"hang_collectives.py:{reduce_at - 2} `if rank == 0:`" in str(e)
@@ -159,9 +178,9 @@ def test_nan_skipped_on_one_rank(hangs):
     e = error(hangs, "nan")
     backward_at = line_of(TRAINING, "loss.backward()", "def train_skipping_nan")
     total_at = line_of(TRAINING, "dist.all_reduce(total)")
-    first = str(e).splitlines()[0]
-    assert re.search(rf"rank 0 was waiting in {GRADIENT_ALL_REDUCE} \(hang_training.py:{backward_at}\)", first), first
-    assert f"rank 1 was waiting in all_reduce" in first and f"hang_training.py:{total_at})" in first
+    summary, rank0, rank1 = diagnosis_lines(e)
+    assert re.fullmatch(rf"  rank 0 was waiting in {GRADIENT_ALL_REDUCE} \(hang_training.py:{backward_at}\)", rank0), rank0
+    assert rank1.startswith("  rank 1 was waiting in all_reduce") and rank1.endswith(f"(hang_training.py:{total_at})")
     assert e.autopsy.pattern.name == "skip"
     assert "a NaN skip on one rank" in str(e) and "`if torch.isnan(loss):`" in str(e)
 
@@ -169,8 +188,8 @@ def test_nan_skipped_on_one_rank(hangs):
 def test_uneven_batches_without_join(hangs):
     e = error(hangs, "uneven")
     backward_at = line_of(TRAINING, "loss.backward()", "def train(")
-    first = str(e).splitlines()[0]
-    assert re.search(rf"rank 0 was waiting in {GRADIENT_ALL_REDUCE} \(hang_training.py:{backward_at}\)", first), first
+    summary, rank0, rank1 = diagnosis_lines(e)
+    assert re.fullmatch(rf"  rank 0 was waiting in {GRADIENT_ALL_REDUCE} \(hang_training.py:{backward_at}\)", rank0), rank0
     assert e.autopsy.pattern.name == "uneven"
     assert 'notebooks/02_sampler_and_metrics.ipynb, section "5. Uneven batches per rank' in str(e)
 
@@ -182,10 +201,11 @@ def test_a_rank_stopped_in_its_excepthook_is_still_named_with_its_error(hangs):
     e = error(hangs, "dying")
     reduce_at = line_of(COLLECTIVES, "dist.all_reduce(stats)", 'elif how == "dying"')
     raise_at = line_of(COLLECTIVES, "raise RuntimeError", 'elif how == "dying"')
-    first = str(e).splitlines()[0]
-    assert f"rank 1 was waiting in all_reduce #4 (hang_collectives.py:{reduce_at})" in first, first
-    assert (f"rank 0 never reached collective #4: it failed first at hang_collectives.py:{raise_at} "
-            "in main: RuntimeError: a corrupt batch on rank 0") in first, first
+    summary, waiting, failed = diagnosis_lines(e)
+    assert summary == "the job hung at collective #4: not every rank reached it"
+    assert waiting == f"  rank 1 was waiting in all_reduce #4 (hang_collectives.py:{reduce_at})"
+    assert failed == (f"  rank 0 never reached collective #4: it failed first at hang_collectives.py:{raise_at} "
+                      "in main: RuntimeError: a corrupt batch on rank 0")
     folder = Path(e.autopsy.folder)
     assert not (folder / "rank0.exception.json").exists()  # stopped before it wrote it
     assert json.loads((folder / "rank0.request.json").read_text())["exception"]["type"] == "RuntimeError"
@@ -198,7 +218,14 @@ def test_no_process_is_left_behind(hangs):
 def test_the_folder_holds_every_ranks_detail(hangs):
     d = error(hangs, "mismatch").autopsy
     folder = Path(d.folder)
-    assert (folder / "diagnosis.txt").read_text().startswith(d.headline)
+    assert (folder / "diagnosis.txt").read_text() == d.message() + "\n"
+    # the message shows a few frames per rank; the file it names holds every rank's whole stack
+    whole = (folder / "tracebacks.txt").read_text()
+    assert f"(the whole stacks and tracebacks: {folder / 'tracebacks.txt'}):" in d.message()
+    assert len(re.findall(r"^  rank \d \(live\): .+ in main$", d.message(), re.M)) == 2
+    for rank in (0, 1):
+        assert f"=== rank {rank}: stack from live" in whole
+    assert whole.count("Traceback (most recent call last):") == 2 and "distributed_c10d.py" in whole
     for rank in (0, 1):
         assert json.loads((folder / f"rank{rank}.request.json").read_text())["threads"]
         # torch's own Flight Recorder reader takes what the ranks dumped
@@ -212,7 +239,7 @@ def test_cli_prints_the_same_diagnosis_from_the_folder(hangs):
     out = subprocess.run([sys.executable, "-m", "ddp_lab.cli", "autopsy", d.folder],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[0] == d.headline
+    assert out.stdout == (Path(d.folder) / "diagnosis.txt").read_text()
     out = subprocess.run([sys.executable, "-m", "ddp_lab.cli", "autopsy", d.folder, "--json"],
                          capture_output=True, text=True, timeout=120)
     data = json.loads(out.stdout)

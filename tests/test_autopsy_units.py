@@ -274,3 +274,100 @@ def test_a_rank_stopped_while_its_hooks_run_has_already_written_its_exception(tm
         "RuntimeError", "a corrupt batch on rank 0", "main")
     ranks = evidence.read_folder(folder)
     assert ranks[0].stack_from == "exception" and ranks[0].exception == "RuntimeError: a corrupt batch on rank 0"
+
+
+TORCH_C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def _hung_job(tmp_path):
+    """A program whose rank 0 waits in an all_reduce under `if rank == 0:` (a comment after it),
+    five calls deep; rank 1 is elsewhere. Returns (folder, program, {name: line})."""
+    prog = tmp_path / "train.py"
+    prog.write_text(textwrap.dedent("""\
+        import torch.distributed as dist
+        def log(x, rank):
+            if rank == 0:   # only rank 0 logs: the bug
+                dist.all_reduce(x)
+        def step(x, rank): log(x, rank)
+        def epoch(x, rank): step(x, rank)
+        def train(x, rank): epoch(x, rank)
+        def evaluate(): pass
+        train(1, 0)
+        """))
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    f = str(prog)
+
+    def request(frames):
+        return json.dumps({"threads": [{"main": True, "frames": [
+            {"file": file, "line": line, "name": name} for file, line, name in frames]}]})
+    (folder / "rank0.request.json").write_text(request(
+        [(f, 9, "<module>"), (f, 7, "train"), (f, 6, "epoch"), (f, 5, "step"), (f, 4, "log"),
+         (TORCH_C10D, 2800, "all_reduce")]))
+    (folder / "rank1.request.json").write_text(request([(f, 9, "<module>"), (f, 8, "evaluate")]))
+    return folder, prog
+
+
+def test_the_message_reads_top_down_with_a_few_frames_per_rank(tmp_path):
+    folder, prog = _hung_job(tmp_path)
+    d = diagnose.diagnose_folder(folder, world_size=2)
+    lines = d.message().splitlines()
+    # what happened; one line per rank (its collective and line); the pattern and its fix
+    assert lines[:3] == ["the job hung in a collective: not every rank reached it",
+                         "  rank 0 waits in all_reduce (train.py:4)",
+                         "  rank 1 never reached that collective; its stack: train.py:8 in evaluate"], lines
+    assert lines[3].startswith("Known pattern: a collective under a rank condition") and " Fix: " in lines[3]
+    # the quoted source line without its trailing comment
+    assert "(train.py:3 `if rank == 0:`)" in lines[3] and "only rank 0 logs" not in d.message()
+    # then the program's innermost frames: 3 of rank 0's 5, none of torch's; the files named
+    assert lines[4].startswith("The program's last 3 frames per rank")
+    assert lines[5] == ("  rank 0 (live, rank0.request.json): train.py:6 in epoch > train.py:5 in step > "
+                        "train.py:4 in log")
+    assert lines[6] == "  rank 1 (live, rank1.request.json): train.py:9 in <module> > train.py:8 in evaluate"
+    assert lines[7] == f"Every rank's dumps, Flight Recorder entries included: {folder}" and len(lines) == 8
+    # the headline is the per-rank lines in one sentence (LaunchError.autopsy.headline, --json)
+    assert d.headline == "; ".join(x.strip() for x in lines[1:3])
+
+
+def test_the_launchers_diagnosis_keeps_the_whole_stacks_in_the_file_it_names(tmp_path):
+    folder, prog = _hung_job(tmp_path)
+    autopsy = collect.Autopsy()
+    try:
+        for p in folder.iterdir():
+            (autopsy.folder / p.name).write_text(p.read_text())
+        d = autopsy.diagnosis(2)
+        whole = autopsy.folder / "tracebacks.txt"
+        assert d.tracebacks == str(whole)
+        assert f"(the whole stacks and tracebacks: {whole}):" in d.message()
+        assert (autopsy.folder / "diagnosis.txt").read_text() == d.message() + "\n"
+        text = whole.read_text()
+        # every frame, torch's too, with its source line, as Python prints a traceback
+        assert f'  File "{prog}", line 7, in train\n    def train(x, rank): epoch(x, rank)\n' in text
+        assert f'  File "{TORCH_C10D}", line 2800, in all_reduce' in text
+        assert f'  File "{prog}", line 4, in log\n    dist.all_reduce(x)\n' in text
+        # `ddp-lab autopsy` on the kept folder names the same file
+        assert diagnose.diagnose_folder(autopsy.folder, 2).tracebacks == str(whole)
+    finally:
+        autopsy.discard()
+
+
+def test_quoted_source_lines_drop_their_trailing_comment():
+    from ddp_lab.autopsy.patterns import _code
+    lines = ["if rank == 0:  # the bug", 'x = "a # b"  # c', "foo(a,  # an argument", "   # alone", "y = 1"]
+    assert [_code(lines, n) for n in range(1, 6)] == ["if rank == 0:", 'x = "a # b"', "foo(a,", "", "y = 1"]
+    assert _code(lines, 0) == "" and _code(lines, 6) == ""
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(tmp_path):
+    # `ddp-lab autopsy DIR | head`: far more output than a pipe holds (a rank line each for 20,000
+    # ranks), so the command is still writing when the reader goes away.
+    folder, _ = _hung_job(tmp_path)
+    for extra in ([], ["--json"]):
+        child = subprocess.Popen([sys.executable, "-m", "ddp_lab.cli", "autopsy", str(folder), "--world-size",
+                                  "20000", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = child.stdout.readline()
+        child.stdout.close()
+        err = child.stderr.read()
+        assert child.wait(timeout=120) == 0, err
+        assert first.strip() == ("{" if extra else "the job hung in a collective: not every rank reached it")
+        assert err == "", err  # no BrokenPipeError, no "Exception ignored"

@@ -1,5 +1,7 @@
 """`ddp-lab doctor`: the real run on this machine, and each check's warning when its problem is made."""
 import json
+import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -21,7 +23,8 @@ def test_json_run_on_this_machine_with_a_real_allreduce(tmp_path):
     by_name = {c["name"]: c for c in report["checks"]}
     assert set(by_name) == EXPECTED
     assert proc.returncode == (0 if report["ok"] else 1)
-    assert all(c["status"] in ("pass", "warn", "fail", "skip") for c in report["checks"])
+    assert {c["status"] for c in report["checks"]} <= documented_statuses()
+    assert all(set(c) == set(documented_fields()) for c in report["checks"]) and set(report) == {"checks", "ok"}
     gloo = by_name["allreduce_gloo"]
     assert gloo["status"] == "pass", gloo
     assert gloo["data"]["world"] == 2 and gloo["data"]["busbw_gbs"] > 0
@@ -131,3 +134,59 @@ def test_across_nodes_failure_names_the_fix(monkeypatch):
     monkeypatch.setattr(allreduce, "across", lambda *a, **k: {"ok": False, "error": "Connection refused"})
     c = checks.across_nodes(doctor.plan(nnodes=2, node_rank=1, master_addr="10.0.0.7", master_port=29511))
     assert c.status == "fail" and "Connection refused" in c.detail and "29511" in c.fix and "GLOO_SOCKET_IFNAME" in c.fix
+
+
+def _help() -> str:
+    out = subprocess.run([sys.executable, "-m", "ddp_lab.cli", "doctor", "--help"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def documented_fields(text=None) -> list:
+    """The field names --help lists for each check of --json (the lines under "each CHECK has")."""
+    block = (text or _help()).split("each CHECK has\n", 1)[1].split("\nstatus:\n", 1)[0]
+    return re.findall(r"^  (\w+) ", block, re.M)
+
+
+def documented_statuses(text=None) -> set:
+    block = (text or _help()).split("\nstatus:\n", 1)[1].split("\nexit status:", 1)[0]
+    return set(re.findall(r"^  (\w+) ", block, re.M))
+
+
+def test_help_documents_every_json_field_and_exactly_the_statuses_the_checks_use():
+    text = _help()
+    assert documented_fields(text) == ["name", "status", "detail", "fix", "data"]
+    assert list(checks.Check("x", "pass", "").to_dict()) == documented_fields(text)
+    assert documented_statuses(text) == {"pass", "warn", "fail", "skip"} == set(doctor.MARK)
+    assert '"ok": false when a check failed' in text
+    # a check cannot report a status the help does not explain
+    try:
+        checks.Check("x", "ok", "")
+    except ValueError as e:
+        assert "'ok'" in str(e) and "pass, warn, fail, skip" in str(e)
+    else:
+        raise AssertionError("a status outside the documented set was accepted")
+
+
+def test_torchrun_fix_names_this_python_quoted_for_the_shell(tmp_path, monkeypatch):
+    # `python3` on PATH need not have torch: the fix names the interpreter running the doctor
+    spaced = "/opt/my env/bin/python3"
+    monkeypatch.setattr(sys, "executable", spaced)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    missing = checks.torchrun_on_path(doctor.plan())
+    assert missing.status == "warn" and "'/opt/my env/bin/python3' -m torch.distributed.run" in missing.fix
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text("#!/opt/other-env/bin/python3\n")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    other = checks.torchrun_on_path(doctor.plan())
+    assert other.status == "warn" and "'/opt/my env/bin/python3' -m torch.distributed.run" in other.fix
+    # with the real interpreter, the command in the fix runs torchrun
+    monkeypatch.undo()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    use = checks.torchrun_on_path(doctor.plan()).data["use"]
+    assert shlex.split(use)[0] == sys.executable
+    out = subprocess.run(f"{use} --help", shell=True, capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0 and "--nproc-per-node" in out.stdout.replace("_", "-"), out.stderr[-500:]

@@ -158,3 +158,142 @@ def test_a_rank_that_raised_while_the_others_waited_failed_it_did_not_hang(tmp_p
                  tmp_path, 2) is None
     lost = _hang(Failed("rank 0 lost its peers", "DistBackendError: Connection reset by peer"), tmp_path, 2)
     assert lost is not None and lost.category == "hang" and lost.rank == 0
+
+
+# -- the data set a loader wraps: records written by the observer itself, from real loaders ----------
+
+def _observer_module():
+    """ddp_lab/verify/_inject/sitecustomize.py loaded under another name: it arms nothing here
+    (DDP_LAB_VERIFY_DIR is unset) and is not on sys.path, so it chains to nothing."""
+    import importlib.util
+    import os
+
+    from ddp_lab.verify.runner import INJECT
+    assert "DDP_LAB_VERIFY_DIR" not in os.environ
+    spec = importlib.util.spec_from_file_location("verify_observer", INJECT / "sitecustomize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def observed(tmp_path, loaders):
+    """{rank: records}: the observer's record of one pass of each rank's loader, then a step."""
+    import json
+    observer = _observer_module()
+    tmp_path.mkdir(exist_ok=True)
+    records = {}
+    for r, loader in enumerate(loaders):
+        obs = observer._Observer(str(tmp_path), r)
+        obs.loader_pass(iter(loader), loader)  # what the patched DataLoader iterator calls
+        with open(obs.path) as f:
+            records[r] = [json.loads(line) for line in f] + [step(2)]
+    return records
+
+
+def data(n):
+    from torch.utils.data import TensorDataset
+    return TensorDataset(torch.arange(n, dtype=torch.float32))
+
+
+def test_a_training_subset_is_covered_against_itself_not_the_held_out_rest(tmp_path):
+    """80 samples, 64 of them the training Subset: the 16 held out are no rank's to draw."""
+    from torch.utils.data import DataLoader, Subset
+
+    from ddp_lab.verify.findings import checked
+    perm = torch.randperm(80, generator=torch.Generator().manual_seed(0)).tolist()
+    train = Subset(data(80), perm[:64])
+    records = observed(tmp_path, [DataLoader(train, batch_size=8, sampler=DistributedSampler(
+        train, num_replicas=2, rank=r, seed=0)) for r in range(2)])
+    assert data_coverage(records, 2, []) == []
+    assert "against the 64 samples of the Subset the loader wraps" in checked(records, 2)[0]
+    for recs in records.values():  # measured against the tensor under the Subset, as before
+        recs[0].pop("universes")
+    (f,) = data_coverage(records, 2, [])
+    assert f.message == "16 of 80 samples are drawn by no rank in pass 0"
+
+
+def test_the_observer_names_the_line_that_created_the_iterator(tmp_path):
+    from torch.utils.data import DataLoader
+    rec = observed(tmp_path, [DataLoader(data(8), batch_size=4)])[0][0]
+    path, line = rec["at"].rsplit(":", 1)
+    with open(path) as f:
+        assert "obs.loader_pass(iter(loader), loader)" in f.read().splitlines()[int(line) - 1]
+
+
+def test_a_concat_dataset_and_index_lists_are_covered_against_what_the_ranks_draw_from(tmp_path):
+    from torch.utils.data import ConcatDataset, DataLoader, Subset, SubsetRandomSampler
+    concat = ConcatDataset([Subset(data(40), range(20)), data(12)])
+    records = observed(tmp_path / "concat", [DataLoader(concat, batch_size=4, sampler=DistributedSampler(
+        concat, num_replicas=2, rank=r)) for r in range(2)])
+    assert data_coverage(records, 2, []) == []
+    # a hand-made split of the ConcatDataset that leaves out 2 of its 32 samples
+    records = observed(tmp_path / "split", [DataLoader(Subset(concat, range(r * 15, r * 15 + 15)), batch_size=4)
+                                            for r in range(2)])
+    (f,) = data_coverage(records, 2, [])
+    assert f.message == "2 of 32 samples are drawn by no rank in pass 0" and "never drawn: [30, 31]" in f.evidence
+    # index lists: each rank its own shard of the training indices is clean; one list for all is not
+    train = list(range(10, 74))
+    records = observed(tmp_path / "shards", [DataLoader(data(80), batch_size=8, sampler=SubsetRandomSampler(
+        train[r::2])) for r in range(2)])
+    assert data_coverage(records, 2, []) == []
+    records = observed(tmp_path / "same", [DataLoader(data(80), batch_size=8, sampler=SubsetRandomSampler(train))
+                                           for r in range(2)])
+    (f,) = data_coverage(records, 2, [])
+    assert f.message.startswith("every rank draws the same 64 samples")
+
+
+def test_a_subset_per_rank_is_a_shard_of_the_whole_data_set(tmp_path):
+    """The ranks wrap different Subsets (a hand-made split): covered against the data set under them."""
+    from torch.utils.data import DataLoader, Subset
+    records = observed(tmp_path, [DataLoader(Subset(data(64), range(r * 21, r * 21 + 21)), batch_size=8)
+                                  for r in range(3)])
+    (f,) = data_coverage(records, 3, [])
+    assert f.message == "1 of 64 samples are drawn by no rank in pass 0" and "never drawn: [63]" in f.evidence
+
+
+# -- resume, fixes, lines ---------------------------------------------------------------------------
+
+def test_a_relaunch_that_trains_from_step_1_did_not_resume():
+    from ddp_lab.verify.resume import compare
+    a = {n: {"params": {"w": f"after {n}"}} for n in (1, 2, 3)}
+    restarted = [{**a[n], "at": "train.py:40"} for n in (1, 2, 3)]
+    (f,) = compare(a, restarted, 2)
+    assert (f.category, f.step, f.line) == ("resume-mismatch", 1, "train.py:40")
+    assert "did not resume" in f.message and "after `--`" in f.fix
+    assert compare(a, [a[2], a[3]], 2) == []
+    assert compare(a, restarted, 1) == []  # killed after step 1: the relaunch has nothing to skip
+
+
+def test_findings_name_the_script_line_the_observer_saw():
+    (f,) = comm_per_step({0: [{**step(1, rounds=4), "round_lines": ["train.py:33"] * 4}]}, [])
+    assert f.line == "train.py:33" and "line: train.py:33" in f.text()
+    assert "the forward too" in f.fix and "no_sync()" in f.fix
+    recs = {0: [{**step(1), "at": "train.py:35"}], 1: [{**step(1, params={"w": "b"}), "at": "train.py:35"}]}
+    (f,) = replica_divergence(recs, [])
+    assert f.line == "train.py:35" and f.to_dict()["line"] == "train.py:35"
+    (f,) = data_coverage(passes(16, 2, set_epoch=False), 2, [])
+    assert f.line is None  # records without the observer's line: none is made up
+
+
+def test_a_hang_names_the_line_the_odd_rank_was_at(tmp_path):
+    from ddp_lab.autopsy.diagnose import Diagnosis, RankState
+    from ddp_lab.autopsy.evidence import Frame
+    from ddp_lab.verify.runner import _hang
+
+    class Hung(Exception):
+        autopsy = Diagnosis("rank 0 is elsewhere", {0: RankState(0, "elsewhere", where=Frame("t.py", 18, "main")),
+                                                    1: RankState(1, "waiting", where=Frame("t.py", 31, "main"))},
+                            "mismatch")
+    f = _hang(Hung("hung"), tmp_path, 2)
+    assert (f.category, f.rank, f.line) == ("hang", 0, "t.py:18")
+
+
+def test_a_clean_report_says_what_was_checked_and_what_it_cannot_rule_out():
+    from ddp_lab.verify.findings import LIMITS, Finding, checked
+    from ddp_lab.verify.runner import Report
+    said = checked(passes(16, 2), 2)
+    assert said[0].startswith("data-coverage: 2 passes of loader 0 on 2 ranks, against the 16 samples")
+    assert said[1] == "replica-divergence: 1 parameter tensor bitwise on 2 ranks after 1 step"
+    clean = Report("train.py", checked=said, limits=list(LIMITS)).text()
+    assert "checked:\n  - data-coverage" in clean and "cannot rule out:" in clean
+    assert "cannot rule out" not in Report("train.py", findings=[Finding("hang", 0, 1, "m", "e", "f")]).text()

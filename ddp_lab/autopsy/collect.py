@@ -109,11 +109,15 @@ class Autopsy:
             pass
 
     def diagnosis(self, world_size: int | None):
-        """The Diagnosis, saved in the folder as diagnosis.json and diagnosis.txt, or None."""
+        """The Diagnosis, saved in the folder as diagnosis.json and diagnosis.txt, or None. Every
+        rank's whole stack goes to tracebacks.txt, which the diagnosis names."""
         try:
-            from ddp_lab.autopsy.diagnose import diagnose_folder
+            from ddp_lab.autopsy.diagnose import TRACEBACKS, diagnose_folder
+            from ddp_lab.autopsy.evidence import read_folder, tracebacks_text
             d = diagnose_folder(self.folder, world_size)
             if d is not None:
+                (self.folder / TRACEBACKS).write_text(tracebacks_text(read_folder(self.folder)))
+                d.tracebacks = str(self.folder / TRACEBACKS)
                 (self.folder / "diagnosis.json").write_text(json.dumps(d.to_dict(), indent=2))
                 (self.folder / "diagnosis.txt").write_text(d.message() + "\n")
             return d

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 DESCRIPTION = """\
 Explain a hung or timed-out DDP job from what its ranks left in DIR: Flight Recorder dumps
@@ -16,7 +17,8 @@ Enable the dumps on a real job (docs/autopsy.md):
   NCCL:  TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=$DIR/nccl_trace_rank_
   gloo:  TORCH_FR_BUFFER_SIZE=2000 DDP_LAB_AUTOPSY_DIR=$DIR PYTHONPATH=$(python -c "import ddp_lab.autopsy.collect as c; print(c.INJECT)"):$PYTHONPATH
 
-exit status: 0 a diagnosis was printed, 1 nothing in DIR explains a hang, 2 DIR is not a folder"""
+exit status: 0 a diagnosis was printed, 1 nothing in DIR explains a hang, 2 DIR is not a folder
+(the same when the reader closes the pipe early, as `| head` does: the output stops quietly)"""
 
 
 def add_arguments(p) -> None:
@@ -29,15 +31,25 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from ddp_lab.autopsy.diagnose import diagnose_folder
     if not os.path.isdir(args.dir):
-        print(f"ddp-lab autopsy: {args.dir} is not a folder")
+        _say(f"ddp-lab autopsy: {args.dir} is not a folder")
         return 2
     d = diagnose_folder(args.dir, args.world_size)
     if d is None:
         if args.json:
-            print(json.dumps({"headline": None, "folder": args.dir}))
+            _say(json.dumps({"headline": None, "folder": args.dir}))
         else:
-            print(f"ddp-lab autopsy: nothing in {args.dir} shows where the ranks were (no Flight Recorder "
-                  f"dump, stack or error file); see `ddp-lab autopsy --help` for how to enable them")
+            _say(f"ddp-lab autopsy: nothing in {args.dir} shows where the ranks were (no Flight Recorder "
+                 f"dump, stack or error file); see `ddp-lab autopsy --help` for how to enable them")
         return 1
-    print(json.dumps(d.to_dict(), indent=2) if args.json else d.message())
+    _say(json.dumps(d.to_dict(), indent=2) if args.json else d.message())
     return 0
+
+
+def _say(text: str) -> None:
+    """Print text; a reader that closed the pipe (`| head`) ends the output without a traceback."""
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python would flush again at exit and print the error there: point stdout at /dev/null
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

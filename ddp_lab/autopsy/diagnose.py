@@ -2,7 +2,11 @@
 
     from ddp_lab.autopsy import diagnose
     d = diagnose.diagnose_folder("/path/to/dumps", world_size=2)
-    print(d.message())        # e.g. rank 0 waits in all_reduce #12 (train.py:57); rank 1 never ...
+    print(d.message())        # the job hung at collective #12: not every rank reached it
+                              #   rank 0 waits in all_reduce #12 (train.py:57)
+                              #   rank 1 never reached collective #12; its stack: train.py:71 in evaluate
+                              # then the known pattern and its fix, and each rank's last frames
+    d.headline                # the per-rank lines in one sentence
     d.to_dict()               # the same, structured (what `ddp-lab autopsy --json` prints)
 
 The collective a waiting rank is in is its last Flight Recorder entry (op, sequence number,
@@ -10,11 +14,15 @@ sizes, the program's line); where a rank is otherwise comes from its Python stac
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ddp_lab.autopsy.evidence import (Collective, RankEvidence, in_collective, is_library, is_secondary,
                                       read_folder, user_frame)
 from ddp_lab.autopsy.patterns import Pattern, recognise
+
+FRAMES = 3  # the program's innermost frames shown per rank; the folder keeps the whole stacks
+TRACEBACKS = "tracebacks.txt"  # the launcher writes every rank's whole stack there
 
 
 @dataclass
@@ -26,13 +34,14 @@ class RankState:
     stack: list = field(default_factory=list)  # the program's frames, outermost first
     exception: str | None = None
     source: str | None = None  # where the stack came from
+    stack_file: str | None = None  # the file it was read from
 
     def to_dict(self) -> dict:
         return {"rank": self.rank, "state": self.state,
                 "collective": self.collective.to_dict() if self.collective else None,
                 "where": self.where.to_dict() if self.where else None,
                 "stack": [f.to_dict() for f in self.stack], "exception": self.exception,
-                "source": self.source}
+                "source": self.source, "stack_file": self.stack_file}
 
 
 @dataclass
@@ -42,30 +51,45 @@ class Diagnosis:
     kind: str                         # "mismatch", "missing", "agree", "no_collective"
     pattern: Pattern | None = None
     folder: str | None = None
+    summary: str | None = None        # the first line of message(): what happened, in a sentence
+    lines: list = field(default_factory=list)  # one per rank: the collective it waits in, or where it was
+    tracebacks: str | None = None     # the file with every rank's whole stack (the launcher writes it)
 
     def message(self) -> str:
-        lines = [self.headline]
+        """Top-down: what happened, one line per rank, the known pattern and its fix, then each
+        rank's FRAMES innermost frames of the program and where the whole stacks are."""
+        lines = [self.summary, *(f"  {x}" for x in self.lines)] if self.summary else [self.headline]
         if self.pattern:
             lines.append(self.pattern.sentence())
-        for r, s in sorted(self.ranks.items()):
-            if s.stack:
-                chain = " > ".join(f"{f.short()} in {f.name}" for f in s.stack[-4:])
-                lines.append(f"  rank {r} ({s.source}): {chain}")
+        stacks = [(r, s) for r, s in sorted(self.ranks.items()) if s.stack]
+        if stacks:
+            whole = (f"the whole stacks and tracebacks: {self.tracebacks}" if self.tracebacks else
+                     "each rank's whole stack is in the file named beside it")
+            lines.append(f"The program's last {FRAMES} frames per rank, innermost last ({whole}):")
+        for r, s in stacks:
+            chain = " > ".join(f"{f.short()} in {f.name}" for f in s.stack[-FRAMES:])
+            named = "" if self.tracebacks or not s.stack_file else f", {self._relative(s.stack_file)}"
+            lines.append(f"  rank {r} ({s.source}{named}): {chain}")
         if self.folder:
-            lines.append(f"Every rank's stacks and Flight Recorder entries: {self.folder}")
+            lines.append(f"Every rank's dumps, Flight Recorder entries included: {self.folder}")
         return "\n".join(lines)
+
+    def _relative(self, path: str) -> str:
+        return os.path.relpath(path, self.folder) if self.folder else os.path.basename(path)
 
     def to_dict(self) -> dict:
         return {"headline": self.headline, "kind": self.kind,
                 "pattern": self.pattern.to_dict() if self.pattern else None,
                 "ranks": {str(r): s.to_dict() for r, s in sorted(self.ranks.items())},
-                "folder": self.folder}
+                "summary": self.summary, "lines": self.lines, "folder": self.folder, "tracebacks": self.tracebacks}
 
 
 def diagnose_folder(folder, world_size: int | None = None) -> Diagnosis | None:
     d = diagnose(read_folder(folder), world_size)
     if d is not None:
         d.folder = str(folder)
+        if os.path.isfile(os.path.join(folder, TRACEBACKS)):
+            d.tracebacks = os.path.join(str(folder), TRACEBACKS)
     return d
 
 
@@ -80,8 +104,9 @@ def diagnose(evidence: dict, world_size: int | None = None) -> Diagnosis | None:
         known = [s for s in states.values() if s.where is not None]
         if not known:
             return None
-        where = "; ".join(f"rank {s.rank} is at {s.where.short()} in {s.where.name}" for s in known)
-        return Diagnosis(f"no rank was waiting in a collective: {where}", states, "no_collective")
+        where = [f"rank {s.rank} is at {s.where.short()} in {s.where.name}" for s in known]
+        return Diagnosis(f"no rank was waiting in a collective: {'; '.join(where)}", states, "no_collective",
+                         summary="no rank was waiting in a collective:", lines=where)
     seqs = [s.collective.seq for s in waiting.values() if s.collective and s.collective.seq is not None]
     target = max(seqs) if seqs else None
     parts = [f"rank {r} {'waits' if s.source == 'live' else 'was waiting'} in {_name(s.collective, target)}"
@@ -140,7 +165,11 @@ def diagnose(evidence: dict, world_size: int | None = None) -> Diagnosis | None:
                             mismatch=kind == "mismatch")
     except Exception:  # noqa: BLE001 - the pattern is a bonus; the diagnosis stands without it
         pattern = None
-    return Diagnosis("; ".join(parts) + explain, states, kind, pattern)
+    at = f"at collective #{target}" if target is not None else "in a collective"
+    summary = {"mismatch": f"the job hung {at}{explain}",
+               "missing": f"the job hung {at}: not every rank reached it",
+               "agree": f"the job hung {at}{explain}"}[kind]
+    return Diagnosis("; ".join(parts) + explain, states, kind, pattern, summary=summary, lines=parts)
 
 
 def _state(e: RankEvidence) -> RankState:
@@ -151,11 +180,11 @@ def _state(e: RankEvidence) -> RankState:
         if last is not None and last.site is None:  # dumped without its frames: the stack says where
             last.site = where
         collective = last if last is not None and _same_line(last.site, where) else _from_stack(e.stack, where)
-        return RankState(e.rank, "waiting", collective, where, frames, e.exception, e.stack_from)
+        return RankState(e.rank, "waiting", collective, where, frames, e.exception, e.stack_from, e.stack_file)
     if e.exception and e.stack:
-        return RankState(e.rank, "failed", last, where, frames, e.exception, e.stack_from)
+        return RankState(e.rank, "failed", last, where, frames, e.exception, e.stack_from, e.stack_file)
     if e.stack:
-        return RankState(e.rank, "elsewhere", last, where, frames, e.exception, e.stack_from)
+        return RankState(e.rank, "elsewhere", last, where, frames, e.exception, e.stack_from, e.stack_file)
     if e.finished:
         return RankState(e.rank, "finished", last, None, [], None, "exit")
     return RankState(e.rank, "unknown", last, None, [], e.exception, None)

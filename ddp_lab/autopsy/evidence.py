@@ -14,6 +14,7 @@ Nothing here imports torch: the pickles hold plain Python objects.
 from __future__ import annotations
 
 import json
+import linecache
 import os
 import pickle
 import re
@@ -69,6 +70,7 @@ class RankEvidence:
     collectives: list = field(default_factory=list)  # Flight Recorder entries, oldest first
     stack: list = field(default_factory=list)          # main thread, outermost first
     stack_from: str | None = None   # "live", "exception", "faulthandler", "error file"
+    stack_file: str | None = None   # the file the stack was read from
     exception: str | None = None    # "Type: message" when the rank died of one
     finished: bool = False          # it ran to the end of the program
     files: list = field(default_factory=list)
@@ -145,13 +147,17 @@ def read_folder(folder) -> dict[int, RankEvidence]:
                      if k in found and found[k][1].get("exception")), None)
         if died:
             info = died
+            e.stack_file = str(next(found[k][0] for k in ("exception", "request")
+                                    if k in found and found[k][1].get("exception")))
             e.stack = [Frame(f["file"], f["line"], f["name"]) for f in info["frames"]]
             e.stack_from = "exception"
             e.exception = f"{info['type']}: {info['message']}".strip()
         elif "request" in found and _main_frames(found["request"][1]):
             e.stack, e.stack_from = _main_frames(found["request"][1]), "live"
+            e.stack_file = str(found["request"][0])
         elif "faulthandler" in found:
             e.stack, e.stack_from = found["faulthandler"][1], "faulthandler"
+            e.stack_file = str(found["faulthandler"][0])
         elif "exit" in found:
             e.finished = True
     return ranks
@@ -228,8 +234,32 @@ def _read_error_file(path: Path, ev) -> None:
     frames = [Frame(m.group(1), int(m.group(2)), m.group(3).strip())
               for m in map(_TB_FRAME.match, stack.splitlines()) if m]
     e.stack, e.stack_from, e.exception = frames, "error file", str(msg.get("message", ""))[:2000]
+    e.stack_file = str(path)
     e.files.append(str(path))
 
 
 def is_secondary(exception: str | None) -> bool:
     return bool(exception and _SECONDARY.search(exception))
+
+
+def tracebacks_text(ranks: dict) -> str:
+    """Every rank's whole stack, as Python prints a traceback (with the source lines), its error,
+    and its Flight Recorder entries: what the diagnosis shortens to a few frames per rank."""
+    out = []
+    for r, e in sorted(ranks.items()):
+        out.append(f"=== rank {r}: " + (f"stack from {e.stack_from} ({e.stack_file})" if e.stack else
+                                        "finished the program" if e.finished else "no stack"))
+        if e.stack:
+            out.append("Traceback (most recent call last):")
+            for f in e.stack:
+                out.append(f'  File "{f.file}", line {f.line}, in {f.name}')
+                if code := linecache.getline(f.file, f.line).strip():
+                    out.append(f"    {code}")
+        if e.exception:
+            out.append(e.exception)
+        if e.collectives:
+            out.append("Flight Recorder entries (oldest first):")
+            out.extend(f"  #{c.seq} {c.op} {c.sizes}" + (f" at {c.site.short()}" if c.site else "")
+                       for c in e.collectives)
+        out.append("")
+    return "\n".join(out)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import io
 import re
+import tokenize
 from dataclasses import dataclass
 
 _RANK_WORDS = re.compile(r"rank|is_main|is_master|main_process|is_primary|is_leader", re.I)
@@ -39,6 +41,7 @@ class Pattern:
     rule: str | None     # ddp-lab check rule id
     no_rule: str = "it depends on the data"  # why no static rule can see it, when rule is None
     flagged: bool | None = None  # did `ddp-lab check` flag this very code? (None: not checked)
+    fix: str = ""        # what to change, in words
 
     def sentence(self) -> str:
         if not self.rule:
@@ -48,13 +51,12 @@ class Pattern:
         else:
             rule = (f"`ddp-lab check` rule {self.rule} looks for this pattern before a run, but does not "
                     f"flag this code")
-        return (f"Known pattern: {self.words} ({self.evidence}). Lesson: {self.notebook}, "
-                f"section \"{self.section}\"; {rule}.")
-        return (f"Known pattern: {self.words} ({self.evidence}). Lesson: {self.notebook}, "
+        fix = f" Fix: {self.fix}." if self.fix else ""
+        return (f"Known pattern: {self.words} ({self.evidence}).{fix} Lesson: {self.notebook}, "
                 f"section \"{self.section}\"; {rule}.")
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "words": self.words, "evidence": self.evidence,
+        return {"name": self.name, "words": self.words, "evidence": self.evidence, "fix": self.fix,
                 "notebook": self.notebook, "section": self.section, "rule": self.rule,
                 "flagged": self.flagged}
 
@@ -82,7 +84,18 @@ def _ancestors(tree, line: int) -> list:
 
 
 def _code(lines, lineno) -> str:
-    return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
+    """The source line, without its trailing `# comment` (a `#` inside a string stays)."""
+    if not 0 < lineno <= len(lines):
+        return ""
+    line = lines[lineno - 1]
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line).readline):
+            if tok.type == tokenize.COMMENT:
+                line = line[:tok.start[1]]
+                break
+    except (tokenize.TokenError, SyntaxError):  # the line opens a bracket it does not close
+        pass
+    return line.strip()
 
 
 def rank_condition(frames) -> tuple | None:
@@ -141,25 +154,33 @@ def recognise(waiting: dict, others_elsewhere: bool, mismatch: bool) -> Pattern 
             f, line, code = found
             return Pattern("rank_condition", "a collective under a rank condition, which the other "
                            "ranks never call", f"{_short(f.file)}:{line} `{code}`", nb07, sec07, "DDP009",
-                           flagged=_flags(f.file, "DDP009", range(line, f.line + 1)))
+                           flagged=_flags(f.file, "DDP009", range(line, f.line + 1)),
+                           fix="call the collective on every rank: move it out of the `if`, and keep only "
+                               "what rank 0 alone does (printing, saving) under it")
     for frames in waiting.values():
         if found := skip_in_loop(frames):
             f, line, code, nan = found
             words = ("a NaN skip on one rank: it skipped a step (and its collectives) the others ran"
                      if nan else "a skip on one rank: it left out a step (and its collectives) the others ran")
-            return Pattern("skip", words, f"{_short(f.file)}:{line} `{code}`", nb07, sec07, None)
+            return Pattern("skip", words, f"{_short(f.file)}:{line} `{code}`", nb07, sec07, None,
+                           fix="decide the skip on every rank together: all-reduce the condition ("
+                               + ("a NaN on any rank" if nan else "true on any rank")
+                               + "), then every rank skips the step or none does")
     if others_elsewhere:
         for frames in waiting.values():
             if found := in_loop(frames):
                 f, line, code = found
                 nb02, sec02 = _section("hang")
-                return Pattern("uneven", "uneven inputs: this rank's loop ran more steps than another's "
-                               "(fix: equal batches per rank, or DDP's Join)",
-                               f"{_short(f.file)}:{line} `{code}`", nb02, sec02, None)
+                return Pattern("uneven", "uneven inputs: this rank's loop ran more steps than another's",
+                               f"{_short(f.file)}:{line} `{code}`", nb02, sec02, None,
+                               fix="give every rank the same number of batches (DistributedSampler, "
+                                   "drop_last=True), or run the loop inside DDP's Join context manager")
     if mismatch:
         return Pattern("mismatch", "mismatched collectives: the ranks called different operations or "
                        "sizes at the same point", "the sites above", *MISMATCH_SECTION, None,
-                       "which op and size each rank reaches is only known at run time")
+                       "which op and size each rank reaches is only known at run time",
+                       fix="make every rank call the same collectives in the same order, with the same "
+                           "shapes and dtypes")
     return None
 
 

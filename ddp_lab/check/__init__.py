@@ -10,7 +10,7 @@ stable id, a line, one sentence, the fix, and the notebook section that shows th
       fix: run forward and backward inside `with model.no_sync():` ...
       see: notebooks/05_gradient_accumulation.ipynb, section "4. The articles' ..."
 
-Exit code 0: nothing found; 1: findings; 2: a path could not be read or parsed.
+Exit code 0: nothing found; 1: findings; 2: a path could not be read or parsed, or no file was checked.
 Silence one finding with a comment on its line: `# ddp-lab: ignore[DDP010]`.
 
 From a notebook cell:
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 
 # importing the rule modules registers their rules
-from . import rules_accum, rules_amp, rules_ckpt, rules_more, rules_setup, rules_train, shell  # noqa: F401
+from . import rules_accum, rules_amp, rules_ckpt, rules_more, rules_seed, rules_setup, rules_train, shell  # noqa: F401
 from .core import RULES, SECTIONS, Finding, Rule
 from .files import PYTHON_SUFFIXES, Unreadable, check_file, ipynb, iter_files, python, read_python, shell_script
 from .imports import Project

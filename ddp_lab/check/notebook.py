@@ -30,9 +30,13 @@ def read(text: str) -> Cells:
     """Split an .ipynb file's JSON text; raises ValueError when it is not a notebook."""
     try:
         nb = json.loads(text)
-        cells = nb["cells"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, TypeError) as e:
         raise ValueError(f"not a notebook ({e})") from None
+    if isinstance(nb, dict) and "cells" not in nb and "worksheets" in nb:
+        raise ValueError("nbformat 3 notebook: upgrade it with `jupyter nbconvert --to notebook --nbformat 4`")
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    if not isinstance(cells, list):
+        raise ValueError("not a notebook (no 'cells' list at the top level)")
     out = Cells()
     for number, cell in enumerate(cells, 1):
         if cell.get("cell_type") == "code":

@@ -191,6 +191,12 @@ class Module(RankFacts):
             inner = value.func.value if isinstance(value.func, ast.Attribute) and last(value) != "compile" else \
                 value.args[0] if value.args else None
             return inner is not None and self._still_wrapped(inner, k, depth)
+        func = self.flow.target(value) if isinstance(value, ast.Call) and depth < 4 else None
+        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.owner(func) is self:
+            # a helper of this file that returns a wrapper: `model = wrap(model)`, `return DDP(net)`
+            return any(isinstance(r, ast.Return) and r.value is not None and
+                       (_has_ddp(r.value) or isinstance(r.value, ast.Name) and self.wrapped(r.value, r, depth + 1))
+                       for r in self.walk_scope(func))
         return isinstance(value, ast.Name) and value.id != k and self.wrapped(value, value, depth + 1)
 
 

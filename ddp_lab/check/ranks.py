@@ -13,6 +13,12 @@ from .astutil import dotted, key, last, pairs
 MAIN_FLAG = re.compile(r"is_main|is_master|main_process|master_process|is_chief|rank_?zero|is_rank_?0"
                        r"|is_world_process_zero|is_global_zero|should_save|is_leader", re.I)
 LOCAL_FLAG = re.compile(r"local_main|local_master|is_local_process_zero|is_local_rank_?0", re.I)
+# The parts a global rank is computed from: node index times processes (GPUs) per node, plus the
+# local index (`args.rank * ngpus_per_node + gpu`, ImageNet's main_worker).
+PER_NODE = re.compile(r"per_?node|device_count|local_world_size|local_size|nproc|^n_?gpus$|^num_gpus$|^gpus$", re.I)
+NODE = re.compile(r"node_?(rank|id|idx|index)$|^node$|^nodeid$|^nr$|machine_?rank", re.I)
+GLOBAL_ENV = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"}
+LOCAL_ENV = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"}
 # Tests on these may also keep a save on one process (world of one, "if distributed").
 SINGLE = re.compile(r"world_size|distributed|\bddp\b|is_dist|num_replicas", re.I)
 
@@ -68,6 +74,8 @@ class RankFacts:
                 return _env_kind(node.args[0])
         if isinstance(node, ast.Subscript) and dotted(node.value) == "os.environ":
             return _env_kind(node.slice)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and _node_offset(node):
+            return "global"
         return None
 
     def mentions_rank(self, expr) -> bool:
@@ -145,8 +153,28 @@ class RankFacts:
 
 def _env_kind(node) -> str | None:
     if isinstance(node, ast.Constant):
-        return {"LOCAL_RANK": "local", "RANK": "global"}.get(node.value)
+        return "global" if node.value in GLOBAL_ENV else "local" if node.value in LOCAL_ENV else None
     return None
+
+
+def _words(node) -> list[str]:
+    """The names and environment variables an expression reads."""
+    return [n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else
+            n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else
+            last(n) or "" if isinstance(n, ast.Call) else "" for n in ast.walk(node)]
+
+
+def _node_offset(node: ast.BinOp) -> bool:
+    """`a * b + c` where the product is a node's first rank: a node index, or anything times the
+    processes per node (`args.rank * ngpus_per_node + gpu`, `node_rank * torch.cuda.device_count() + i`)."""
+    for side in (node.left, node.right):
+        if isinstance(side, ast.BinOp) and isinstance(side.op, ast.Mult):
+            words = [w for f in (side.left, side.right) for w in _words(f) if w]
+            node_first = any(NODE.search(w) for w in words) or (
+                any("rank" in w.lower() for w in words) and any(PER_NODE.search(w) for w in words))
+            if node_first:
+                return True
+    return False
 
 
 def _is_zero(node) -> bool:

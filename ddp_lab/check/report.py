@@ -9,7 +9,7 @@ import textwrap
 from . import RULES, check_paths, fix, sarif
 
 DESCRIPTION = "Find the classic DDP bugs in training scripts, launch scripts and notebooks (static: nothing runs)."
-EPILOG = """exit status: 0 nothing found, 1 findings, 2 a path could not be read or parsed.
+EPILOG = """exit status: 0 nothing found, 1 findings, 2 a path could not be read or parsed, or no file was checked.
 --fix prints the safe rewrites as a diff; --fix --write applies them (then 1 only if findings remain).
 silence one finding with a comment on its line:  # ddp-lab: ignore[DDP010]
 every rule, with an example: ddp-lab check --list-rules, or docs/check.md"""
@@ -62,6 +62,11 @@ def run(args: argparse.Namespace, out=None, err=None) -> int:
         print(e, file=err)
         return 2
     findings, errors, checked = check_paths(args.paths, select or None, ignore)
+    if not checked:
+        for path, message in errors:
+            print(f"{path}: error: {message}", file=err)
+        print(f"ddp-lab check: {_nothing_checked(args.paths, errors)}", file=err)
+        return 2
     if args.fix:
         return _fix(findings, errors, args, out, err)
     if args.format == "sarif":
@@ -81,6 +86,15 @@ def run(args: argparse.Namespace, out=None, err=None) -> int:
                    if findings else "no DDP problems found")
         print(f"{summary} ({checked} file{'s' * (checked != 1)} checked)", file=out)
     return 2 if errors else 1 if findings else 0
+
+
+def _nothing_checked(paths, errors) -> str:
+    """One line: why no file was checked."""
+    if errors:
+        n = len(errors)
+        return f"no file was checked: {'the path' if n == 1 else f'all {n} paths'} could not be read or parsed (see above)"
+    return (f"no file was checked: {', '.join(map(str, paths))} holds no .py, .sh, .sbatch or .ipynb file; "
+            "name the files or the folder that holds them")
 
 
 def _text(findings, errors, concise: bool, out, err) -> None:

@@ -25,11 +25,30 @@ def _is_backward(call) -> bool:
         and not call.args
 
 
-def _is_optimizer_step(call) -> bool:
+OPTIMIZERS = re.compile(r"^(SGD|Adam\w*|AdamW|RMSprop|Adagrad|Adadelta|Adafactor|LAMB|Lamb|LARS|Lion|NAdam|RAdam"
+                        r"|ZeroRedundancyOptimizer|\w*Optimizer|create_optimizer\w*|build_optimizer\w*)$")
+
+
+def optimizers(m: Module) -> frozenset:
+    """Names (and `self.` attributes) bound to an optimizer, whatever they are called:
+    `o = torch.optim.SGD(...)`, `self.solver = build_optimizer(cfg, model)`."""
+    if "optimizers" not in m.__dict__:
+        m.__dict__["optimizers"] = frozenset(
+            key(t) for n in m.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+            and (OPTIMIZERS.match(last(n.value) or "") or ".optim." in f".{dotted(n.value.func) or ''}.")
+            for t in n.targets if key(t))
+    return m.__dict__["optimizers"]
+
+
+def _is_optimizer_step(call, names=frozenset()) -> bool:
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "step"):
         return False
+    if key(call.func.value) in names:
+        return True
     owner = (dotted(call.func.value) or "").lower().rsplit(".", 1)[-1]
-    return "sched" not in owner and ("optim" in owner or owner == "opt" or ("scaler" in owner and bool(call.args)))
+    words = set(owner.split("_"))
+    return "sched" not in owner and ("optim" in owner or bool(words & {"opt", "optimiser", "solver"})
+                                     or ("scaler" in owner and bool(call.args)))
 
 
 def _syncs_itself(m: Module) -> bool:
@@ -47,11 +66,11 @@ def _syncs_itself(m: Module) -> bool:
 def accumulation_without_no_sync(m: Module):
     if not m.is_ddp or _syncs_itself(m):
         return
-    seen = set()
+    seen, opts = set(), optimizers(m)
     for node in m.nodes:
-        backwards = _steps_every_k(m, node) if isinstance(node, ast.If) else \
-            _micro_step_loop(m, node) if isinstance(node, (ast.For, ast.AsyncFor)) else \
-            _window_argument(m, node) if isinstance(node, ast.Call) else []
+        backwards = _steps_every_k(m, node, opts) if isinstance(node, ast.If) else \
+            _window_loop(m, node, opts) if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) else \
+            _window_argument(m, node, opts) if isinstance(node, ast.Call) else []
         backwards = [(b, via) for b, via in backwards if m.owner(b) is m or not _helper_syncs(m.owner(b))]
         if backwards:
             first, via = min(backwards, key=lambda p: (p[1] or p[0]).lineno * 10000 + (p[1] or p[0]).col_offset)
@@ -63,17 +82,38 @@ def accumulation_without_no_sync(m: Module):
                     "after each backward, so k-1 of every k all-reduces are wasted."))
 
 
-def _steps_every_k(m: Module, branch: ast.If) -> list:
+def _modulo(expr) -> bool:
+    return any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(expr))
+
+
+def _window_test(m: Module, branch: ast.If, owner) -> bool:
+    """The test closes a window of iterations: `i % k == 0`, a name bound to such a test (`sync = (i + 1)
+    % k == 0`), or a counter compared and then reset inside (`if count == k: ... count = 0`)."""
+    if _modulo(branch.test):
+        return True
+    names = {n.id for n in ast.walk(branch.test) if isinstance(n, ast.Name)}
+    scope = m.scope(branch)
+    if any(v is not None and _modulo(v) for name in names for _, v, _ in m.assignments(scope, name)):
+        return True
+    reset = {key(t) for s in branch.body for n in ast.walk(s) if isinstance(n, ast.Assign)
+             and isinstance(n.value, ast.Constant) for t in n.targets}
+    counted = {key(n.target) for n in ast.walk(owner) if isinstance(n, ast.AugAssign)}
+    compared = isinstance(branch.test, ast.Compare) and isinstance(branch.test.ops[0], (ast.Eq, ast.GtE))
+    return compared and bool(names & reset & counted)
+
+
+def _steps_every_k(m: Module, branch: ast.If, opts=frozenset()) -> list:
     """(backward call, call in the loop that reaches it or None) of a loop or function whose optimizer
-    steps only under `if i % k == 0:` (or after `if i % k: continue`), following this file's calls."""
-    if not any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(branch.test)):
-        return []
+    steps only when a window closes (`if i % k == 0:`, after `if i % k: continue`, `if count == k:`),
+    following this file's calls."""
     owner = next(a for a in m.ancestors(branch) if isinstance(a, (ast.For, ast.While, ast.FunctionDef,
                                                                    ast.AsyncFunctionDef, ast.Module)))
+    if not _window_test(m, branch, owner):
+        return []
     inside = {id(n) for n, _ in m.flow.reach(branch)}
     skips = len(branch.body) == 1 and isinstance(branch.body[0], ast.Continue)
     reached = m.flow.reach(owner)
-    steps = [c for c, _ in reached if _is_optimizer_step(c)]
+    steps = [c for c, _ in reached if _is_optimizer_step(c, opts)]
     if not steps or not all((id(c) in inside) != skips for c in steps):
         return []  # no step here, or an optimizer also steps outside the window (two optimizers, a GAN)
     return [(c, via) for c, via in reached if _is_backward(c) and id(c) not in inside]
@@ -87,7 +127,7 @@ def _helper_syncs(owner: Module) -> bool:
     return owner.project.memo[k]
 
 
-def _window_argument(m: Module, call: ast.Call) -> list:
+def _window_argument(m: Module, call: ast.Call, opts=frozenset()) -> list:
     """(backward, call) when call hands an every-k test to a function (`loss_scaler(loss, optimizer,
     update_grad=(i + 1) % k == 0)`) that runs backward on every call but steps the optimizer only
     under `if update_grad:`."""
@@ -105,25 +145,24 @@ def _window_argument(m: Module, call: ast.Call) -> list:
         {k.arg for k in call.keywords if k.value in given}
     flow, steps, backwards = m.flow.flow_of(func), [], []
     for n, via in flow.reach(func):
-        if not (_is_optimizer_step(n) or _is_backward(n)):
+        if not (_is_optimizer_step(n, opts) or _is_backward(n)):
             continue
         gated = any(isinstance(b, ast.If) and any(isinstance(x, ast.Name) and x.id in gates for x in ast.walk(b.test))
                     for b, in_body in m.branches(via or n))
-        (steps if _is_optimizer_step(n) else backwards).append((n, gated))
+        (steps if _is_optimizer_step(n, opts) else backwards).append((n, gated))
     if not steps or not all(g for _, g in steps):
         return []
     return [(n, call) for n, g in backwards if not g]
 
 
-def _micro_step_loop(m: Module, loop) -> list:
-    """The backward calls of `for micro_step in range(k): ...backward()` with the optimizer step after it."""
-    if not re.search(r"accum|micro", ast.unparse(loop.target) + ast.unparse(loop.iter), re.I):
-        return []
+def _window_loop(m: Module, loop, opts=frozenset()) -> list:
+    """The backward calls of a loop that steps no optimizer, followed by an optimizer step in the same
+    block: `for micro_step in range(k): ...backward()`, `for sample in samples: ...`, whatever the names."""
     parent = m.parent[loop]
     block = next((getattr(parent, f) for f in ("body", "orelse", "finalbody") if loop in getattr(parent, f, [])), [])
     after = block[block.index(loop) + 1:] if loop in block else []
-    if any(_is_optimizer_step(c) for c in _inner(loop)) or \
-            not any(_is_optimizer_step(c) for s in after for c in ast.walk(s)):
+    if any(_is_optimizer_step(c, opts) for c in _inner(loop)) or \
+            not any(_is_optimizer_step(c, opts) for s in after for c in ast.walk(s)):
         return []
     return [(c, None) for c in _inner(loop) if _is_backward(c)]
 

@@ -76,11 +76,11 @@ def _global_source(m: Module, expr, at, depth: int = 0) -> bool:
         return False
     if isinstance(expr, ast.Call) and last(expr) in ("int", "str") and len(expr.args) == 1:
         return _global_source(m, expr.args[0], at, depth)
-    if isinstance(expr, (ast.Call, ast.Subscript)):
+    if isinstance(expr, (ast.Call, ast.Subscript, ast.BinOp)):
         return m.identity(expr) == "global"
     k = key(expr)
     if k is None:
-        return False
+        return _attribute_source(m, expr, at, depth)
     if k.startswith("self."):
         cls = next((a for a in m.ancestors(at) if isinstance(a, ast.ClassDef)), None)
         values = [n.value for n in ast.walk(cls) if isinstance(n, ast.Assign)
@@ -95,6 +95,17 @@ def _global_source(m: Module, expr, at, depth: int = 0) -> bool:
         if bound:
             return bound[-1][1] is not None and _global_source(m, bound[-1][1], bound[-1][1], depth + 1)
     return False
+
+
+def _attribute_source(m: Module, expr, at, depth: int) -> bool:
+    """`args.rank` set to the global rank earlier in this function (`args.rank = args.rank * ngpus_per_node
+    + gpu`); whatever it held before that (a node index, from the command line) is not known."""
+    name = dotted(expr)
+    if name is None or not isinstance(expr, ast.Attribute):
+        return False
+    bound = [n for n in m.walk_scope(m.scope(at)) if isinstance(n, ast.Assign) and n.lineno < at.lineno
+             and any(dotted(t) == name for t in n.targets)]
+    return bool(bound) and _global_source(m, max(bound, key=lambda n: n.lineno).value, at, depth + 1)
 
 
 def _device_indices(call: ast.Call):

@@ -1,4 +1,4 @@
-"""Rules about setting up: the process group, who is who, wrapping the model, seeding."""
+"""Rules about setting up: the process group, who is who, wrapping the model (seeding: rules_seed.py)."""
 from __future__ import annotations
 
 import ast
@@ -12,12 +12,6 @@ BATCHNORM = re.compile(r"^(Lazy)?BatchNorm[123]?d?$")
 # torchvision constructors whose models contain BatchNorm layers.
 BN_MODELS = re.compile(r"^(resnet\d+|resnext\w+|wide_resnet\w+|densenet\d+|mobilenet_v[23]\w*|efficientnet\w*"
                        r"|regnet_\w+|vgg\d+_bn|inception_v3|googlenet|shufflenet_v2\w*|mnasnet\w*)$")
-SEED_CALLS = {"manual_seed", "manual_seed_all", "seed"}
-SEED_FUNCS = {"seed_everything", "set_seed", "set_random_seed", "setup_seed", "fix_seed", "init_seeds"}
-SEED_OWNERS = {"torch", "torch.cuda", "random", "np.random", "numpy.random"}
-NOT_A_BUILD = {"DDP", "DistributedDataParallel", "FSDP", "FullyShardedDataParallel", "fully_shard", "compile",
-               "convert_sync_batchnorm", "to", "cuda", "half", "float", "double", "bfloat16", "deepcopy", "copy",
-               "load_state_dict", "train", "eval", "from_pretrained", "load"}
 
 
 def _backend_arg(call: ast.Call):
@@ -90,20 +84,90 @@ def _writes_or_prints(node) -> bool:
 MOVES = {"to", "cuda", "half", "float", "double", "bfloat16"}
 
 
+# Calls that hand on the module they are given (the same parameters, under a new name).
+WRAPPING = {"DDP", "DistributedDataParallel", "FSDP", "FullyShardedDataParallel", "fully_shard", "compile",
+            "convert_sync_batchnorm", *MOVES}
+
+
+def _wrapped_by(call) -> ast.AST | None:
+    """The module a wrapping call hands on: `torch.compile(model)`, `DDP(model)`, `model.to(device)`."""
+    if not isinstance(call, ast.Call) or last(call) not in WRAPPING:
+        return None
+    if last(call) in MOVES and isinstance(call.func, ast.Attribute):
+        return call.func.value
+    return call.args[0] if call.args else None
+
+
+def _model_key(expr) -> str | None:
+    """The name under the wrappers: `model` for `model`, `torch.compile(model)`, `model.to(device)`."""
+    while isinstance(expr, ast.Call) and _wrapped_by(expr) is not None:
+        expr = _wrapped_by(expr)
+    return key(expr)
+
+
+def _wrap_points(m: Module):
+    """(call, [names of the model it is handed]) for each place the model gets wrapped: `DDP(model)`, and
+    a call of this file's function that wraps what it is handed (`model = wrap(model)`) or returns a DDP
+    wrapper it built (`model = build_ddp(args)`)."""
+    for call in m.calls:
+        if is_ddp_call(call):
+            yield call, [_model_key(call.args[0])] if call.args else []
+            continue
+        func = m.flow.target(call)
+        if func is None or m.owner(func) is not m or not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if any(isinstance(r, ast.Return) and r.value is not None and _returns_ddp(m, func, r.value)
+               for r in m.walk_scope(func)):
+            yield call, [a.id for a in call.args if isinstance(a, ast.Name)]
+
+
+def _returns_ddp(m: Module, func, value) -> bool:
+    """value (returned by func) is a DDP wrapper: `DDP(...)`, `torch.compile(DDP(...))`, or a name bound to one."""
+    if any(is_ddp_call(n) for n in ast.walk(value)):
+        return True
+    k = _model_key(value)
+    return k is not None and any(v is not None and any(is_ddp_call(n) for n in ast.walk(v))
+                                 for _, v, _ in m.assignments(func, k))
+
+
+def _same_model(m: Module, scope, names: set, wrap) -> set:
+    """names, and the other names that hold the same module in scope: what was wrapped to make them
+    (`compiled = torch.compile(raw)` before `DDP(compiled)`: raw too) and what wraps them afterwards
+    (`net = torch.compile(model)`)."""
+    names = set(names)
+    binds = [(node, key(t), node.value) for node in m.walk_scope(scope) if isinstance(node, ast.Assign)
+             for t in node.targets if key(t)]
+    changed = True
+    while changed:
+        changed = False
+        for node, k, v in binds:
+            inner = _model_key(v) if isinstance(v, (ast.Call, ast.Name)) else None
+            if inner is None or inner == k:
+                continue
+            if k in names and inner not in names and node.lineno <= wrap.lineno:
+                names.add(inner)       # model = torch.compile(raw), before the wrap: raw is the model
+                changed = True
+            elif inner in names and k not in names and node.lineno > wrap.end_lineno:
+                names.add(k)           # other = torch.compile(model), after the wrap: other is the wrapper
+                changed = True
+    return names
+
+
 @rule("DDP004", "The model is moved or converted after DDP wrapped it: DDP recorded its parameters, "
       "devices and buckets when it was built.",
       fix="finish the model first (.to(device), convert_sync_batchnorm), then wrap it: DDP(model, ...)")
 def changed_after_wrap(m: Module):
-    for ddp in (c for c in m.calls if is_ddp_call(c)):
+    for ddp, handed in _wrap_points(m):
         parent = m.parent.get(ddp)
         if isinstance(parent, ast.Attribute) and parent.attr in MOVES:   # DDP(model).to(device)
             yield Hit(parent)
             continue
-        names = {key(ddp.args[0])} if ddp.args else set()
+        names = set(handed)
         if isinstance(parent, ast.Assign):
             names |= {key(t) for t in parent.targets}
         names.discard(None)
         scope = m.scope(ddp)
+        names = _same_model(m, scope, names, ddp)
         for call in sorted((c for c in m.walk_scope(scope) if isinstance(c, ast.Call)), key=lambda c: c.lineno):
             if call.lineno <= ddp.end_lineno:
                 continue
@@ -112,7 +176,8 @@ def changed_after_wrap(m: Module):
                 target = key(call.func.value)
             elif last(call) == "convert_sync_batchnorm" and call.args:               # convert_sync_batchnorm(model)
                 target = key(call.args[0])
-            if target in names and not _rebound(m, scope, target, ddp.end_lineno, call.lineno) \
+            rewrap = any(is_ddp_call(a) for a in m.ancestors(call))   # DDP(model.cuda()): a new wrapper
+            if target in names and not rewrap and not _rebound(m, scope, target, ddp.end_lineno, call.lineno) \
                     and not m.flow.exclusive(ddp, call) and _forward_after(m, scope, names, call.lineno):
                 yield Hit(call)
         yield from _changed_in_other_method(m, ddp, names)
@@ -155,12 +220,18 @@ def _changed_in_other_method(m: Module, ddp, names):
 
 
 def _rebound(m: Module, scope, name, after: int, before: int) -> bool:
-    return any(after < line < before for line, _, _ in m.assignments(scope, name))
+    """name is bound to something else between the lines (not to a wrapper of itself: `model =
+    torch.compile(model)` keeps the model)."""
+    return any(after < line < before and not (isinstance(v, ast.Call) and _model_key(v) == name)
+               for line, v, _ in m.assignments(scope, name))
 
 
 def _forward_after(m: Module, scope, names, line: int) -> bool:
-    """The model is still used as a model afterwards (a forward call, .train(), parameters())."""
+    """The model is still used as a model afterwards (a forward call, .train(), parameters()), or
+    handed back to the caller (`return model`), who trains it."""
     for n in m.walk_scope(scope):
+        if isinstance(n, ast.Return) and n.lineno > line and n.value is not None and _model_key(n.value) in names:
+            return True
         if isinstance(n, ast.Call) and n.lineno > line:
             if key(n.func) in names:
                 return True
@@ -192,88 +263,3 @@ def no_buffer_broadcast(m: Module):
                 if kw.arg in ("broadcast_buffers", "forward_sync_buffers") and \
                         isinstance(kw.value, ast.Constant) and kw.value.value is False:
                     yield Hit(kw)
-
-
-def _seeds(call) -> bool:
-    if not isinstance(call, ast.Call):
-        return False
-    owner = dotted(call.func.value) if isinstance(call.func, ast.Attribute) else None
-    return last(call) in SEED_FUNCS or (last(call) in SEED_CALLS and owner in SEED_OWNERS)
-
-
-def _seed_call(m: Module, call: ast.Call) -> bool:
-    """A seed call, or a call of this file's function that seeds (`fix_random_seeds`, `seed_all`)."""
-    func = m.flow.target(call)
-    return _seeds(call) or (func is not None and m.flow.reaches(func, _seeds) is not None)
-
-
-def _per_rank(m: Module, call: ast.Call) -> bool:
-    """An argument mentions the rank, directly or through a name bound to it (`seed = s + rank`)."""
-    scope = m.scope(call)
-    for arg in [*call.args, *(k.value for k in call.keywords)]:
-        if m.mentions_rank(arg):
-            return True
-        if isinstance(arg, ast.Name):
-            before = [v for line, v, _ in m.assignments(scope, arg.id) if line < call.lineno]
-            if before and before[-1] is not None and m.mentions_rank(before[-1]):
-                return True
-    return False
-
-
-def _builds_model(node) -> bool:
-    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)):
-        return False
-    target, call = key(node.targets[0]) or "", node.value
-    while isinstance(call.func, ast.Attribute) and call.func.attr in MOVES and isinstance(call.func.value, ast.Call):
-        call = call.func.value   # build_model().to(device): the build is the inner call
-    return bool(re.search(r"model|(^|_|\.)net(work)?$|backbone", target, re.I)) and last(call) not in NOT_A_BUILD
-
-
-def _wraps_given_model(m: Module, node) -> bool:
-    """`model = wrap_model(args, raw_model, device)`: a call of this file's function that is handed a model
-    and reaches DDP(...) wraps what was built before; `model = setup_model(args)`, handed none, builds."""
-    if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
-        return False
-    call = node.value
-    handed = any(isinstance(a, ast.Name) and re.search(r"model|(^|_)net(work)?$", a.id, re.I)
-                 for a in [*call.args, *(k.value for k in call.keywords)])
-    func = m.flow.target(call)
-    return handed and func is not None and m.flow.reaches(func, is_ddp_call) is not None
-
-
-@rule("DDP006", "A per-rank seed before the model is built: the ranks build different initial weights. "
-      "DDP copies rank 0's parameters and buffers when it wraps the model, nothing else (a random split, "
-      "an EMA or teacher copy, a model you never wrap).",
-      fix="seed every rank the same, build the model, then reseed with seed + rank for dropout and "
-          "augmentation",
-      section="seeds")
-def per_rank_seed_first(m: Module):
-    for call in m.calls:
-        if not ((_seeds(call) or m.flow.target(call)) and _per_rank(m, call) and _seed_call(m, call)):
-            continue
-        scope = m.scope(call)
-        later = sorted((n for n in m.walk_scope(scope) if getattr(n, "lineno", 0) > call.end_lineno
-                        and isinstance(n, (ast.Call, ast.Assign))), key=lambda n: n.lineno)
-        for n in later:
-            if isinstance(n, ast.Call) and (_seeds(n) or m.flow.target(n)) and _seed_call(m, n) \
-                    and not _per_rank(m, n):
-                break   # reseeded the same on every rank first
-            built = (_builds_model(n) and not _wraps_given_model(m, n)) or \
-                (isinstance(scope, ast.Module) and _call_builds_model(m, n))
-            if built:   # here, or (a seed at module level) inside main() called after it
-                yield Hit(call)
-                break
-            if built is None:
-                break
-
-
-def _call_builds_model(m: Module, call) -> bool | None:
-    """The function call runs builds a model (True), reseeds the same on every rank first (None),
-    or neither (False)."""
-    func = m.flow.target(call) if isinstance(call, ast.Call) else None
-    for n, _ in m.flow.reach(func) if func is not None else []:
-        if _seeds(n) and not _per_rank(m.owner(n), n):
-            return None
-        if _builds_model(n):
-            return True
-    return False

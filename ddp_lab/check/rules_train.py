@@ -186,16 +186,33 @@ def collective_on_rank0(m: Module):
             inner = inner[0]
         else:
             continue
-        if not m.rank0_only(call):
+        guard = m.rank0_only(call)
+        if not guard:
             continue
         scope = m.scope(call)
         same = (lambda c: last(c) == last(call)) if inner is None else (lambda c: m.flow.target(c) is m.flow.target(call))
         if any(isinstance(c, ast.Call) and c is not call and same(c) and not m.rank0_only(c)
                for c in m.walk_scope(scope)):
             continue  # the others call it elsewhere (`if rank != 0: barrier()` ... `if rank == 0: barrier()`)
-        yield Hit(call) if inner is None else Hit(call, (
-            f"{ast.unparse(call.func)}() calls {ast.unparse(inner.func)} ({m.where(inner)}), a collective, but only "
-            "rank 0 calls it here: the other ranks never join, so the job hangs until the timeout."))
+        where = _condition(m, call, guard[0])
+        yield Hit(call, (
+            f"{ast.unparse(call.func)}() is a collective, but it runs only {where}: the other ranks never join it, "
+            "so the job hangs until the timeout.") if inner is None else (
+            f"{ast.unparse(call.func)}() calls {ast.unparse(inner.func)}() ({m.where(inner)}), a collective, but it "
+            f"runs only {where}: the other ranks never join it, so the job hangs until the timeout."))
+
+
+def _condition(m: Module, call, branch) -> str:
+    """Where call sits, in words: `under `if rank == 0:``, `in the else of `if not is_main:``, or
+    `after `if rank != 0: return``."""
+    test = ast.unparse(branch.test)
+    if isinstance(branch, ast.If) and not any(a is branch for a in m.ancestors(call)):
+        leave = ast.unparse(branch.body[-1]).split("(")[0]
+        return f"after `if {test}: {leave}` (line {branch.lineno})"
+    if isinstance(branch, ast.IfExp):
+        return f"where `{test}` holds (line {branch.lineno})"
+    side = "under" if m.flow._side(call, branch) == "body" else "in the else of"
+    return f"{side} `if {test}:` (line {branch.lineno})"
 
 
 def _up_to_caller(m: Module, node) -> bool:

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from .core import Hit, rule
 
 HEREDOC = re.compile(r"<<(-?)[ \t]*(['\"]?)([A-Za-z_]\w*)\2")
-SEPARATORS = {";", "&&", "||", "|", "&", "(", ")", ";;", "|&", "&>", ">", "<", ">>"}
+SEPARATORS = {";", "&&", "||", "|", "&", "(", ")", ";;", "|&"}
+PIPES = {"|", "|&"}
+# Redirection operators as shlex splits them (`2>&1` is "2", ">&", "1"): they and their target are
+# not arguments, and the command goes on after them (`torchrun ... > log 2>&1 &` runs in the background).
+REDIRECTION = re.compile(r"^&?[<>]+[&|]?$")
+FD_REDIRECTION = re.compile(r"(^|[\s;&|(])\d+(?=[<>])")
 WRAPPERS = {"exec", "nohup", "time", "env", "srun", "command", "uv", "run", "sudo", "numactl", "taskset"}
 NO_VALUE = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m", "--module"}
 TORCHRUN_OPTION = re.compile(r"^--(nproc[-_]per[-_]node|nnodes|node[-_]rank|master[-_](addr|port)|standalone"
@@ -84,6 +89,7 @@ def scan(text: str, bang: bool = False) -> Script:
 
 
 def _commands(script: Script, code: str, first: int, last: int) -> None:
+    code = FD_REDIRECTION.sub(r"\1", code)   # `2>&1` -> `>&1`: the descriptor is no argument
     lexer = shlex.shlex(code, posix=True, punctuation_chars=True)
     lexer.whitespace_split, lexer.commenters = True, ""
     try:
@@ -91,14 +97,25 @@ def _commands(script: Script, code: str, first: int, last: int) -> None:
     except ValueError:  # something shlex cannot read ($'...', unbalanced quotes): no opinion
         return
     current: list = []
+    pipeline = len(script.commands)   # the first command of the pipeline being read
+    target = False                    # the next token is a redirection's target
     for tok in tokens + [";"]:
         if tok in SEPARATORS:
             if current and current[0] in ("do", "done"):
                 script.depth = script.depth + 1 if current[0] == "do" else max(script.depth - 1, 0)
                 current = current[1:]
             if current:
-                script.commands.append(Command(first, last, current, tok == "&", script.depth))
-            current = []
+                script.commands.append(Command(first, last, current, False, script.depth))
+            if tok == "&":   # `a | b &`: the whole pipeline runs in the background
+                for cmd in script.commands[pipeline:]:
+                    cmd.background = True
+            if tok not in PIPES:
+                pipeline = len(script.commands)
+            current, target = [], False
+        elif REDIRECTION.match(tok):
+            target = True
+        elif target:
+            target = False
         else:
             current.append(tok)
 

@@ -1,7 +1,7 @@
 """`ddp-lab doctor` / `python -m ddp_lab.doctor`: the pre-flight checklist, run on this machine.
 
     python -m ddp_lab.doctor                 # a table: pass / warn / fail / skip, and the fix
-    python -m ddp_lab.doctor --json          # the same for scripts
+    python -m ddp_lab.doctor --json          # the same for scripts (its fields and statuses: --help)
     python -m ddp_lab.doctor --nproc 4 --nnodes 2 --master-addr head --ckpt-dir runs/ckpt
     python -m ddp_lab.doctor --nnodes 2 --node-rank 1 --master-addr head   # on each node at once
 
@@ -10,8 +10,9 @@ memory, alike), backends, a real 2-process all-reduce with its bandwidth (gloo; 
 with two GPUs), the master port, hostname resolution, /dev/shm, the open-file limit, cores
 against the planned processes, disk space for checkpoints, whose torchrun is on PATH, and,
 with --node-rank on every node, a real all-reduce between the nodes through node 0's address.
-Exit status 1 when a check fails, else 0. Takes a few seconds (the all-reduce starts two
-Python processes).
+Exit status 1 when a check fails, else 0. Takes about 5 s on an idle 2-core machine and far
+longer on a busy one: importing torch, here and in the all-reduce's two fresh processes, is
+nearly all of it (README.md states what was measured).
 """
 from __future__ import annotations
 
@@ -22,10 +23,15 @@ import sys
 import textwrap
 import time
 
-from ddp_lab.doctor.checks import ALL, Check
+from ddp_lab.doctor.checks import ALL, FIELDS, STATUSES, Check
 
 DESCRIPTION = "Check this machine before a DDP job: versions, GPUs, backends, a real all-reduce, ports, limits."
-EPILOG = "exit status: 1 when a check fails, else 0 (warnings included). See docs/workshop.md."
+EPILOG = "\n".join([
+    '--json prints {"checks": [CHECK, ...], "ok": false when a check failed}; each CHECK has',
+    *(f"  {k:<7} {v}" for k, v in FIELDS.items()),
+    "status:",
+    *(f"  {k:<7} {v}" for k, v in STATUSES.items()),
+    "exit status: 1 when a check fails, else 0 (warnings included). See docs/workshop.md."])
 WIDTH = 100  # a terminal, a notebook cell
 MARK = {"pass": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "--  "}
 
@@ -101,6 +107,7 @@ def run(args: argparse.Namespace, out=None) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddp_lab.doctor", description=DESCRIPTION, epilog=EPILOG)
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.doctor", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return run(p.parse_args(argv))

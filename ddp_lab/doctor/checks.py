@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -12,14 +13,33 @@ from pathlib import Path
 
 GIB = 2**30
 
+# What `ddp-lab doctor --json` prints, documented in its --help (ddp_lab.doctor.EPILOG).
+STATUSES = {
+    "pass": "it holds on this machine",
+    "warn": "a job can run, but expect trouble (slow, fragile) until the fix is done",
+    "fail": "a DDP job will fail here until the fix is done (or the check itself broke)",
+    "skip": "it does not apply here (no GPU, one node); the detail says why",
+}
+FIELDS = {
+    "name": "what was checked: python, torch, allreduce_gloo, master_port, ...",
+    "status": "one of the values below",
+    "detail": "what was found, in words",
+    "fix": "what to do about a warn or a fail (\"\" when nothing needs doing)",
+    "data": "the values measured (bandwidth, counts, paths) and check_s, the check's seconds",
+}
+
 
 @dataclass
 class Check:
     name: str
-    status: str          # "pass", "warn", "fail", or "skip" (does not apply here)
+    status: str          # a key of STATUSES
     detail: str
     fix: str = ""
     data: dict | None = None
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"check {self.name!r}: status {self.status!r} is not one of {', '.join(STATUSES)}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -223,16 +243,18 @@ def disk(plan) -> Check:
 
 def torchrun_on_path(plan) -> Check:
     exe = shutil.which("torchrun")
+    # the Python running the doctor, the one with torch: `python3` on PATH may be another
+    run = f"{shlex.quote(sys.executable)} -m torch.distributed.run"
     if not exe:
         return Check("torchrun", "warn", "no torchrun on PATH",
-                     f"use '{Path(sys.executable).name} -m torch.distributed.run' (same flags), or activate the env")
+                     f"run {run} instead (the same flags), or activate this environment", {"use": run})
     first = Path(exe).read_bytes()[:300].split(b"\n")[0].decode(errors="replace")
     runs = first[2:].strip().split()[0] if first.startswith("#!") else exe
     same = _same_python(runs, sys.executable)
     if not same:
         return Check("torchrun", "warn", f"torchrun on PATH ({exe}) runs {runs}, not this Python ({sys.executable})",
-                     "activate this environment first, or use 'python -m torch.distributed.run'",
-                     {"torchrun": exe, "python": runs})
+                     f"activate this environment first, or run {run} instead (the same flags)",
+                     {"torchrun": exe, "python": runs, "use": run})
     return Check("torchrun", "pass", f"{exe} runs this Python", data={"torchrun": exe})
 
 

@@ -13,7 +13,10 @@ the environment: nothing in the script is edited) and compare the ranks:
   comm-per-step       one gradient all-reduce per optimizer step (accumulation uses no_sync)
   hang                a rank stopped making progress: the hang autopsy's diagnosis
   resume-mismatch     (--resume) killed at a step and relaunched, the script resumes from its
-                      own checkpoint to the same parameters as an uninterrupted run
+                      own checkpoint to the same parameters as an uninterrupted run (every launch
+                      gets the same ARGS: a resume flag of the script's own goes after --)
+Each finding names the script's line where it shows; a clean report lists what was checked and
+what these checks cannot rule out.
 The script runs with its working directory in a scratch folder; relative paths in ARGS are
 read from there."""
 

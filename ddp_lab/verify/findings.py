@@ -21,6 +21,7 @@ class Finding:
     message: str
     evidence: str
     fix: str
+    line: str | None = None  # "file:line" of the script where it shows, where the observer saw it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -29,7 +30,8 @@ class Finding:
         where = ", ".join(filter(None, [f"rank {self.rank}" if self.rank is not None else "",
                                         f"step {self.step}" if self.step is not None else ""]))
         return (f"[{self.category}] {where + ': ' if where else ''}{self.message}\n"
-                f"    evidence: {self.evidence}\n    fix: {self.fix}")
+                + (f"    line: {self.line}\n" if self.line else "")
+                + f"    evidence: {self.evidence}\n    fix: {self.fix}")
 
 
 def _kind(records: dict, kind: str) -> dict:
@@ -75,13 +77,15 @@ def _one_pass(loader, k, recs: dict, world: int) -> Finding | None:
     first = recs[min(recs)]
     if any(p["indices"] is None for p in recs.values()):
         return None
-    n = first["dataset_len"]
+    n, pool, of = _universe(recs)
     step = first["step"] + 1
     sizes = {r: p["dataset_len"] for r, p in recs.items()}
     if len(set(sizes.values())) > 1:
-        return Finding("data-coverage", max(sizes, key=sizes.get), step,
+        r = max(sizes, key=sizes.get)
+        return Finding("data-coverage", r, step,
                        f"the ranks load data sets of different sizes: {_per_rank(sizes)}",
-                       "the loader's data set differs between ranks", "build the same data set on every rank")
+                       "the loader's data set differs between ranks", "build the same data set on every rank",
+                       recs[r].get("at"))
     samplers = {r: p["sampler"] for r, p in recs.items()}
     wrong = {r: s for r, s in samplers.items() if s["type"] == "DistributedSampler"
              and (s["rank"] != r or s["num_replicas"] != world)}
@@ -94,7 +98,7 @@ def _one_pass(loader, k, recs: dict, world: int) -> Finding | None:
                        f"of {world}{local}",
                        f"pass {k} of loader {loader}: {_overlap_words(recs)}",
                        "build DistributedSampler(dataset) without rank=/num_replicas= (it reads the process "
-                       "group), or pass the global RANK and WORLD_SIZE, never LOCAL_RANK")
+                       "group), or pass the global RANK and WORLD_SIZE, never LOCAL_RANK", recs[r].get("at"))
     sets = {r: set(p["indices"]) for r, p in recs.items()}
     union = set().union(*sets.values())
     drawn = sum(len(p["indices"]) for p in recs.values())
@@ -113,21 +117,50 @@ def _one_pass(loader, k, recs: dict, world: int) -> Finding | None:
         if first["subset"]:
             fix = "split with one seed shared by every rank (e.g. torch.Generator().manual_seed(SEED)), " \
                   "then take shard RANK of WORLD_SIZE, or use DistributedSampler"
-        return Finding("data-coverage", 1 if world > 1 else 0, step, message,
-                       f"pass {k} of loader {loader}: {_overlap_words(recs)}", fix)
-    if n is not None:
-        missing = n - len(union)
+        r = 1 if world > 1 else 0
+        return Finding("data-coverage", r, step, message,
+                       f"pass {k} of loader {loader}: {_overlap_words(recs)}", fix, recs[r].get("at"))
+    if n is not None and pool is not False:
+        never = sorted((set(range(n)) if pool is None else pool) - union)
+        missing = len(never)
         allowed = (n % world if dist_sampler and first["sampler"].get("drop_last") else 0)
         if first["drop_last"] and first["batch_size"]:
             allowed += world * (first["batch_size"] - 1)
         if missing > allowed:
-            never = sorted(set(range(n)) - union)
             return Finding("data-coverage", None, step,
-                           f"{missing} of {n} samples are drawn by no rank in pass {k}",
+                           f"{missing} of {n} samples{of} are drawn by no rank in pass {k}",
                            f"never drawn: {never[:SHOW]}{' ...' if len(never) > SHOW else ''}; "
                            f"{_per_rank({r: len(s) for r, s in sets.items()})} distinct samples",
-                           "shard with DistributedSampler(dataset) so the ranks together cover the data set")
+                           "shard with DistributedSampler(dataset) so the ranks together cover the data set",
+                           first.get("at"))
     return None
+
+
+def _universe(recs: dict):
+    """(n, pool, words): the samples one pass of the ranks must cover, as indices into the data set
+    under every Subset. The innermost of each rank's universes (the observer's "universes") that all
+    ranks share: the Subset every rank wraps (a training split: the rest is not training data), or
+    the index list every rank's sampler draws from; ranks with index lists of their own: those lists
+    together. Else the whole data set under them (a Subset per rank is a hand-made shard of it).
+    pool: a set, None for range(n), False when too large to list (missing samples not counted)."""
+    base = (recs[min(recs)]["dataset_len"], None, "")
+    levels = [p.get("universes") for p in recs.values()]
+    if not all(levels):
+        return base
+    for k in range(min(map(len, levels)) - 1):  # the last level is the data set itself
+        here = [lv[k] for lv in levels]
+        if any(x["what"] != here[0]["what"] for x in here):
+            return base
+        if any(x["indices"] is None for x in here):
+            return here[0]["len"], False, ""
+        sets = [set(x["indices"]) for x in here]
+        words = " of the Subset the loader wraps" if here[0]["what"] == "Subset" else " of the sampler's index list"
+        if all(x == sets[0] for x in sets):
+            return len(sets[0]), sets[0], words
+        if here[0]["what"] == "sampler":
+            pool = set().union(*sets)
+            return len(pool), pool, " of the ranks' index lists together"
+    return base
 
 
 def _order(loader, by_rank: dict, notes: list) -> list:
@@ -147,7 +180,8 @@ def _order(loader, by_rank: dict, notes: list) -> list:
                                 f"pass {k} draws exactly the order of pass {k - 1}: the DistributedSampler "
                                 f"still has epoch={s['epoch']}",
                                 f"loader {loader}, rank {r}: first indices {b['indices'][:SHOW]} in both passes",
-                                "call sampler.set_epoch(epoch) at the start of every epoch, before iterating")]
+                                "call sampler.set_epoch(epoch) at the start of every epoch, before iterating",
+                                b.get("at"))]
     return []
 
 
@@ -202,7 +236,7 @@ def _differs(what, step, ranks, steps, ref) -> Finding | None:
                            "DistributedDataParallel(broadcast_buffers=False): each rank keeps its own running "
                            "statistics, so evaluation and checkpoints depend on the rank",
                            "drop broadcast_buffers=False and keep the default (forward_sync_buffers=True, the name "
-                           "since torch 2.13), or use SyncBatchNorm on GPUs")
+                           "since torch 2.13), or use SyncBatchNorm on GPUs", rec.get("at"))
         lrs = {q: steps[q][step]["lr"] for q in ranks}
         agreed = [t for t in sorted(steps[ranks[0]]) if t < step
                   and all(steps[q].get(t, {}).get("lr") == steps[ranks[0]][t]["lr"] for q in ranks)]
@@ -220,7 +254,8 @@ def _differs(what, step, ranks, steps, ref) -> Finding | None:
         if not ref.get("ddp"):
             fix = "wrap the model in DistributedDataParallel, so gradients are averaged before each step"
         return Finding("replica-divergence", r, step,
-                       f"parameters differ from rank {ranks[0]} after step {step}: {shown}", evidence, fix)
+                       f"parameters differ from rank {ranks[0]} after step {step}: {shown}", evidence, fix,
+                       rec.get("at"))
     return None
 
 
@@ -236,7 +271,7 @@ def comm_per_step(records: dict, notes: list) -> list:
             return [Finding("comm-per-step", r, recs[0]["step"],
                             "no DistributedDataParallel model: gradients are never all-reduced",
                             f"{len(recs)} optimizer steps observed on rank {r}, no DDP module was built",
-                            "wrap the model: model = DistributedDataParallel(model)")]
+                            "wrap the model: model = DistributedDataParallel(model)", recs[0].get("at"))]
         extra = [x for x in recs if x["rounds"] > 1]
         if extra:
             x = extra[0]
@@ -247,8 +282,11 @@ def comm_per_step(records: dict, notes: list) -> list:
                             f"every micro-batch of an accumulation all-reduces",
                             f"{per:,} bytes per all-reduce; {wasted:,} bytes sent for nothing over "
                             f"{len(extra)} of {len(recs)} steps on this rank",
-                            "run the micro-batches before the last one inside `with model.no_sync():` "
-                            "(or set model.require_backward_grad_sync = (micro_step == K - 1))")]
+                            "run the forward and the backward of every micro-batch before the last one inside "
+                            "`with model.no_sync():` (the forward too: DDP decides there whether the backward "
+                            "will all-reduce), or set model.require_backward_grad_sync = (micro_step == K - 1) "
+                            "before each forward",
+                            (x.get("round_lines") or [None])[0])]
         none = [x for x in recs if x["rounds"] == 0]
         if none:
             x = none[0]
@@ -257,8 +295,57 @@ def comm_per_step(records: dict, notes: list) -> list:
                             f"gradients alone",
                             f"{len(none)} of {len(recs)} steps without an all-reduce on rank {r}",
                             "leave no_sync (or require_backward_grad_sync = False) for the last micro-batch "
-                            "of each step only")]
+                            "of each step only", x.get("at"))]
     return []
+
+
+# -- what was checked, and what cannot be ----------------------------------------------------------
+
+LIMITS = (  # what these checks cannot see, whatever the run: said beside a clean report
+    "augmentation noise or dropout masks drawn the same on every rank (one seed shared by every rank; "
+    "random numbers are not compared, only the indices each rank draws)",
+    "an LR scheduler stepped per micro-batch instead of per optimizer step (every rank does the same, "
+    "so the replicas still agree)",
+    "a metric averaged as a mean of per-rank means, or a validation set that DistributedSampler pads "
+    "reduced as if exact (losses and metrics are not observed)",
+    "a loss scaled wrongly for the accumulation or the world size (the same on every rank)",
+    "the sharding inside an IterableDataset (its indices are not seen)",
+)
+
+
+def checked(records: dict, world: int) -> list:
+    """What the checks compared in one run, each counted from its records (said in a clean report)."""
+    out = []
+    passes = _kind(records, "pass")
+    for loader in sorted(_training_loaders(records)):
+        by_rank = {r: [p for p in recs if p["loader"] == loader] for r, recs in passes.items()}
+        k = min(map(len, by_rank.values()), default=0)
+        if len(by_rank) < world or not k or any(p["indices"] is None for ps in by_rank.values() for p in ps[:k]):
+            continue
+        n, _, of = _universe({r: ps[0] for r, ps in by_rank.items()})
+        at = by_rank[min(by_rank)][0].get("at")
+        out.append(f"data-coverage: {_count(k, 'pass', 'passes')} of loader {loader}"
+                   f"{f' (iterated at {at})' if at else ''} on {_count(world, 'rank')}, against the {n} samples{of}"
+                   + ("; the order of each pass against the one before" if k > 1 else ""))
+    steps = {r: [x for x in recs if not x.get("joined")] for r, recs in _kind(records, "step").items()}
+    common = set.intersection(*({x["step"] for x in v} for v in steps.values())) if steps else set()
+    if len(steps) > 1 and common:
+        last = steps[min(steps)][-1]
+        buffers = len(last["buffers"]) if last.get("broadcast_buffers") is False else 0
+        out.append(f"replica-divergence: {_count(len(last['params']), 'parameter tensor')}"
+                   f"{f' and {buffers} buffers' if buffers else ''} bitwise on {len(steps)} ranks after "
+                   f"{'each of ' if len(common) > 1 else ''}{_count(len(common), 'step')}")
+    counted = {r: [x for x in recs if x["ddp"]] for r, recs in _kind(records, "step").items()}
+    if any(counted.values()):
+        rounds = sorted({x["rounds"] for recs in counted.values() for x in recs})
+        n = max(map(len, counted.values()))
+        out.append(f"comm-per-step: the gradient all-reduces before {'each of ' if n > 1 else ''}"
+                   f"{_count(n, 'step')} on {_count(len(counted), 'rank')} ({' or '.join(map(str, rounds))} per step)")
+    return out
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def analyse(records: dict, world: int, notes: list) -> list:

@@ -47,11 +47,22 @@ def check(path, args, world, steps, kill_at, timeout, pg_timeout, scratch, repor
     # The relaunch stops where the uninterrupted run stopped: after the steps it still owes.
     rest = {"DDP_LAB_VERIFY_STEPS": str(max(a) - (k - 1))} if steps else {}
     resumed, e, wall = launch_observed(path, args, world, *folders["resumed"], timeout, pg_timeout, rest)
-    report.runs.append({"ranks": world, "steps": steps_done(resumed), "wall_s": round(wall, 2), "what": "resumed"})
+    c = [x for x in resumed.get(0, []) if x.get("kind") == "step"]
+    report.runs.append({"ranks": world, "steps": steps_done(resumed), "wall_s": round(wall, 2), "what": "resumed",
+                        "from_step": _start(a, c)})  # the uninterrupted run's step its first step repeats
     if e is not None:
         report.error = f"the relaunch after the kill at step {k} failed: {str(e).strip()}"
         return []
-    return compare(a, [x for x in resumed.get(0, []) if x.get("kind") == "step"], k)
+    found = compare(a, c, k)
+    if not found:
+        report.checked.append(f"resume-mismatch: killed after step {k} and relaunched; the relaunch's {len(c)} "
+                              f"steps, from step {_start(a, c)}, bitwise equal to the uninterrupted run's")
+    return found
+
+
+def _start(a: dict, c: list):
+    """The uninterrupted run's step whose parameters the relaunch's first step reproduces (None: none)."""
+    return next((n for n, x in sorted(a.items()) if x["params"] == c[0]["params"]), None) if c else None
 
 
 def _steps(records) -> dict:
@@ -64,7 +75,16 @@ def compare(a: dict, c: list, k: int) -> list:
         return [Finding("resume-mismatch", 0, k, "the relaunched run made no optimizer step",
                         f"the uninterrupted run made {max(a)} steps; the run killed at step {k} was relaunched",
                         "resume at the step after the checkpoint's, not at the end of training")]
-    start = next((n for n, x in sorted(a.items()) if x["params"] == c[0]["params"]), None)
+    start = _start(a, c)
+    if start == 1 and k > 1:
+        return [Finding("resume-mismatch", 0, 1,
+                        f"the relaunch did not resume: it trained from step 1 again, though the run killed "
+                        f"after step {k} had written its files",
+                        f"the relaunch's first step equals the uninterrupted run's step 1 (expected: step {k}, "
+                        f"the one after the checkpoint); it made {len(c)} steps",
+                        "load the checkpoint at start-up when it exists; if the script resumes only when asked "
+                        "(its own flag, such as --resume), put that flag in ARGS after `--`: every launch, the "
+                        "first one too, gets the same ARGS", c[0].get("at"))]
     if start is None:
         return [_differs(a.get(k), c[0], k, f"the first step after the resume (expected: step {k}, the one "
                                               f"after the checkpoint) equals no step of the uninterrupted run")]
@@ -74,20 +94,21 @@ def compare(a: dict, c: list, k: int) -> list:
             return [Finding("resume-mismatch", 0, n, f"the resumed run goes on past step {max(a)}, where the "
                             f"uninterrupted run ended: it makes {start - 1 + len(c)} steps in all",
                             f"it resumed at step {start} and made {len(c)} steps",
-                            "save the position in the data (epoch, batch) and resume from it")]
+                            "save the position in the data (epoch, batch) and resume from it", x.get("at"))]
         if x["params"] != a[n]["params"]:
             return [_differs(a[n], x, n, f"step {n} after the resume differs from the uninterrupted run's")]
     if start - 1 + len(c) < max(a):
         return [Finding("resume-mismatch", 0, start + len(c),
                         f"the resumed run ends after step {start - 1 + len(c)}; the uninterrupted one after {max(a)}",
                         f"it resumed at step {start} and made {len(c)} steps",
-                        "save the position in the data (epoch, batch) and resume from it")]
+                        "save the position in the data (epoch, batch) and resume from it", c[-1].get("at"))]
     return []
 
 
 def _differs(want, got, step, message) -> Finding:
     if want is None:
-        return Finding("resume-mismatch", 0, step, message, "-", "save and restore the whole training state")
+        return Finding("resume-mismatch", 0, step, message, "-", "save and restore the whole training state",
+                       got.get("at"))
     names = [n for n in want["params"] if got["params"].get(n) != want["params"][n]]
     causes, fixes = [], []
     if got.get("pre_params") != want.get("pre_params"):
@@ -110,4 +131,4 @@ def _differs(want, got, step, message) -> Finding:
         fixes.append("save and restore the RNG states (torch, numpy, random) of every rank")
     return Finding("resume-mismatch", 0, step, message,
                    f"parameters differ: {', '.join(names[:3])}; what differed before the step: " + "; ".join(causes),
-                   "; ".join(fixes))
+                   "; ".join(fixes), got.get("at"))

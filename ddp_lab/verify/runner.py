@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp_lab.verify.findings import Finding, analyse
+from ddp_lab.verify.findings import LIMITS, Finding, analyse, checked
 
 INJECT = Path(__file__).resolve().parent / "_inject"
 
@@ -29,6 +29,8 @@ class Report:
     findings: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     runs: list = field(default_factory=list)   # [{ranks, steps, wall_s, returncode}]
+    checked: list = field(default_factory=list)  # what the checks compared, counted from the runs
+    limits: list = field(default_factory=list)   # what they cannot rule out
     error: str | None = None                   # why the script could not run (exit status 2)
     wall_s: float = 0.0
 
@@ -38,15 +40,19 @@ class Report:
 
     def to_dict(self) -> dict:
         return {"script": self.script, "status": self.status, "error": self.error, "wall_s": round(self.wall_s, 2),
-                "runs": self.runs, "findings": [f.to_dict() for f in self.findings], "notes": self.notes}
+                "runs": self.runs, "findings": [f.to_dict() for f in self.findings], "notes": self.notes,
+                "checked": self.checked, "cannot_rule_out": self.limits}
 
     def text(self) -> str:
         lines = [f.text() for f in self.findings]
         if self.error:
             lines.append(f"cannot run {self.script}: {self.error}")
         lines += [f"note: {n}" for n in self.notes]
-        runs = ", ".join(f"{r['ranks']} ranks ({r['steps']} steps{', ' + r['what'] if 'what' in r else ''})"
-                         for r in self.runs)
+        if self.status == 0:  # a clean report says what it rests on
+            lines += ["checked:"] * bool(self.checked) + [f"  - {c}" for c in self.checked]
+            lines += ["cannot rule out:"] * bool(self.limits) + [f"  - {c}" for c in self.limits]
+        runs = ", ".join(f"{r['ranks']} ranks ({r['steps']} steps{', ' + r['what'] if 'what' in r else ''}"
+                         f"{' at step ' + str(r['from_step']) if r.get('from_step') else ''})" for r in self.runs)
         cats = sorted({f.category for f in self.findings})
         said = f"{len(self.findings)} finding{'s' if len(self.findings) != 1 else ''}" + \
                (f" ({', '.join(cats)})" if cats else "")
@@ -82,6 +88,11 @@ def verify(script, args=(), nproc: int = 2, steps: int | None = None, uneven: bo
             from ddp_lab.verify import resume as resume_check
             report.findings += resume_check.check(path, list(args), nproc, steps, kill_at, timeout, pg_timeout,
                                                   scratch / "resume", report, full)
+        report.limits = list(LIMITS) + [
+            *([] if uneven else ["shards that break only when the world size does not divide the data set "
+                                 "(--uneven runs 3 ranks too)"]),
+            *([] if resume else ["a resume from the script's checkpoint that differs from the uninterrupted "
+                                 "run (--resume)"])]
     finally:
         if keep:
             report.notes.append(f"scratch folder kept: {scratch}")
@@ -122,6 +133,12 @@ def _one_run(path, args, world, steps, timeout, pg_timeout, folder, report, file
                                        {"DDP_LAB_VERIFY_STEPS": str(steps or 0),
                                         "DDP_LAB_VERIFY_FILES": "1" if files else "0"})
     findings, error = [], None
+    report.checked += [c if first else f"with {world} ranks: {c}" for c in checked(records, world)]
+    if e is None:
+        stopped = any(x.get("kind") == "stopped" for recs in records.values() for x in recs)
+        report.checked.append(f"{'' if first else f'with {world} ranks: '}hang: every rank ran "
+                              f"{'to its stop after' if stopped else 'to the end of the script,'} "
+                              f"{steps_done(records)} steps (the process-group timeout capped at {pg_timeout:g} s)")
     if e is not None:
         hang = _hang(e, records_dir, world)
         if hang:
@@ -168,11 +185,14 @@ def _hang(e, records_dir, world) -> Finding | None:
                "make every rank run the same collectives in the same order (the same number of batches, "
                "no collective under `if rank == 0:`)")
         headline = d.headline
+        where = getattr(d.ranks.get(rank), "where", None)  # the script's line that rank was at
+        line = f"{where.file}:{where.line}" if hasattr(where, "file") else None
     else:
         headline, evidence = "the ranks stopped making progress", str(e).strip()
         fix = "see each rank's last output above; the hang autopsy (on unless DDP_LAB_AUTOPSY=0) says more"
+        line = None
     step = last.get(rank, max(last.values(), default=0)) + 1
-    return Finding("hang", rank, step, headline, evidence or "-", fix)
+    return Finding("hang", rank, step, headline, evidence or "-", fix, line)
 
 
 def _raised(d) -> bool:

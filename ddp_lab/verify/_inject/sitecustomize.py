@@ -7,7 +7,8 @@ path); this one chains to whatever sitecustomize it shadows in turn. In a rank (
 imports torch and wraps, without changing what they compute:
 
 - DataLoader iteration: at the start of each pass, the sampler's whole order for that pass is drawn
-  at once (the same random numbers a full pass draws), written down, then handed out as before;
+  at once (the same random numbers a full pass draws), written down, then handed out as before,
+  with what the rank can draw from (the sampler's index list, each Subset, the data set under them);
 - DistributedDataParallel: a global forward pre-hook finds each DDP module at its first forward
   and registers a comm hook that counts the gradient all-reduces and their bytes, then does
   torch's default all-reduce (a user's own hook is wrapped with the same counter instead);
@@ -19,6 +20,9 @@ imports torch and wraps, without changing what they compute:
   DDP_LAB_VERIFY_FILES=1 rank 0 notes whether the script has written a file yet;
 - Join (uneven inputs): each all-reduce a rank out of data shadows counts as its step (marked
   "joined", so it is not compared), keeping the ranks' step numbers aligned;
+- the script's line at each of these hooks (file:line of the innermost frame outside torch, the
+  standard library and installed packages): the line that started each pass, each optimizer step,
+  each all-reduce round (the backward() that made it), so findings can name it;
 - init_process_group: its timeout capped at DDP_LAB_VERIFY_PG_TIMEOUT seconds, so a hang fails fast;
 - the working directory: a rank starts in DDP_LAB_VERIFY_WORKDIR (verify's scratch folder).
 
@@ -35,6 +39,7 @@ WORKDIR = "DDP_LAB_VERIFY_WORKDIR"  # the rank's working directory (verify's scr
 _OWNER = "DDP_LAB_VERIFY_PID"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_INDICES = 200_000  # per pass: larger orders are summarised, not listed
+SHOW_LINES = 8  # the script's lines of the all-reduce rounds kept per step
 
 
 def _chain_next_sitecustomize():
@@ -68,6 +73,7 @@ class _Observer:
         self.rounds = 0          # gradient all-reduce rounds (last bucket seen) since the last step
         self.buckets = 0
         self.bytes = 0
+        self.round_lines = []    # the script's line of each all-reduce round since the last step
         self.loaders = {}        # id(dataset) -> [number, passes, dataset]: a new DataLoader per
                                  # epoch over the same data set is the same loader
         self.ddp = []            # the DDP modules (strong refs: verify runs are short)
@@ -94,10 +100,7 @@ class _Observer:
         entry = self.loaders.setdefault(id(loader.dataset), [len(self.loaders), 0, loader.dataset])
         number, passes = entry[0], entry[1]
         entry[1] += 1
-        dataset, mapped = loader.dataset, flat
-        while isinstance(dataset, tud.Subset):  # indices into the data set the Subset wraps
-            mapped = [int(dataset.indices[i]) for i in mapped]
-            dataset = dataset.dataset
+        dataset, mapped = _to_base(tud, loader.dataset, flat)
         sampler = loader.sampler
         info = {"type": type(sampler).__name__}
         if isinstance(sampler, tud.DistributedSampler):
@@ -110,7 +113,8 @@ class _Observer:
         self.write({"kind": "pass", "loader": number, "pass": passes, "step": self.steps,
                     "dataset_len": size, "subset": dataset is not loader.dataset, "sampler": info,
                     "batch_size": loader.batch_size, "drop_last": loader.drop_last, "count": len(mapped),
-                    "indices": [int(i) for i in mapped] if len(mapped) <= MAX_INDICES else None})
+                    "indices": [int(i) for i in mapped] if len(mapped) <= MAX_INDICES else None,
+                    "universes": _universes(tud, loader), "at": _user_line()})
 
     # -- gradients ----------------------------------------------------------------------------
     def counting(self, hook):
@@ -121,6 +125,8 @@ class _Observer:
                 self.bytes += buf.numel() * buf.element_size()
                 if bucket.is_last():
                     self.rounds += 1
+                    if len(self.round_lines) < SHOW_LINES:  # the backward() call that all-reduced
+                        self.round_lines.append(_user_line())
             except Exception:  # noqa: BLE001
                 pass
             return hook(state, bucket)
@@ -145,7 +151,7 @@ class _Observer:
                 params.update(_digest(hashlib, torch, p).encode())
                 for key, value in sorted(optimizer.state.get(p, {}).items()):
                     state.update(f"{key}={_digest(hashlib, torch, value) if torch.is_tensor(value) else value}".encode())
-        self.pre = {"pre_params": params.hexdigest(), "pre_opt": state.hexdigest()}
+        self.pre = {"pre_params": params.hexdigest(), "pre_opt": state.hexdigest(), "at": _user_line()}
         if self.current is not None:  # the batch this step was computed on: the latest one drawn
             it, order = self.current[0](), self.current[1]
             done = getattr(it, "_num_yielded", 0) if it is not None else 0
@@ -194,13 +200,14 @@ class _Observer:
         """Record one step (what every step's record holds, then `fields`); kill or stop at it."""
         self.steps += 1
         self.write({"kind": "step", "step": self.steps, "rounds": self.rounds, "buckets": self.buckets,
-                    "bytes": self.bytes, "ddp": len(self.ddp), **fields,
+                    "bytes": self.bytes, "ddp": len(self.ddp), "round_lines": self.round_lines, **fields,
                     **({"files": self.wrote_files()} if self.files else {})})
         self.pre = {}
         if self.kill_at and self.steps == self.kill_at:
             import signal
             os.kill(os.getpid(), signal.SIGKILL)  # as a lost node would: no cleanup, no last save
         self.rounds = self.buckets = self.bytes = 0
+        self.round_lines = []
         if self.stop_at and self.steps >= self.stop_at:
             self.stop()
 
@@ -215,6 +222,57 @@ class _Observer:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
+
+
+def _to_base(tud, dataset, indices):
+    """(the data set under every Subset, `indices` mapped into it)."""
+    while isinstance(dataset, tud.Subset):
+        indices = [int(dataset.indices[i]) for i in indices]
+        dataset = dataset.dataset
+    return dataset, indices
+
+
+def _universes(tud, loader):
+    """What a rank can draw from, innermost first, each as indices into the data set under every
+    Subset: the sampler's own index list (SubsetRandomSampler, a list), each Subset from the loader's
+    data set down; last the data set under them all ("indices": None: all of its `len`)."""
+    out = []
+    sampler = loader.sampler
+    own = getattr(sampler, "indices", None) if isinstance(sampler, tud.SubsetRandomSampler) else \
+        sampler if isinstance(sampler, (list, tuple, range)) else None
+    if own is not None:
+        out.append(("sampler", _to_base(tud, loader.dataset, [int(i) for i in own])[1]))
+    dataset = loader.dataset
+    while isinstance(dataset, tud.Subset):
+        out.append(("Subset", _to_base(tud, dataset, range(len(dataset)))[1]))
+        dataset = dataset.dataset
+    levels = [{"what": what, "len": len(ix), "indices": sorted(set(ix)) if len(ix) <= MAX_INDICES else None}
+              for what, ix in out]
+    try:
+        size = len(dataset)
+    except TypeError:
+        size = None
+    return levels + [{"what": type(dataset).__name__, "len": size, "indices": None}]
+
+
+_LIBRARY = []  # folders whose frames are not the script's: torch, this folder, the standard library
+
+
+def _user_line():
+    """file:line of the innermost frame of the program itself on the calling stack (the script's
+    line that led to this hook), or None when there is none (a hook on another thread)."""
+    if not _LIBRARY:
+        import sysconfig
+        import torch
+        _LIBRARY.extend(os.path.dirname(p) + os.sep for p in (torch.__file__, __file__))
+        _LIBRARY.extend(sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith("<") and not name.startswith(tuple(_LIBRARY)):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
 
 
 def _digest(hashlib, torch, t):
