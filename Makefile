@@ -24,14 +24,18 @@ $(STAMP): pyproject.toml
 # (a copy of .jupyter-lab/'s, under the name JupyterLab gives "default", made once: it then keeps
 # your layout; `make clean` resets it). Your own Jupyter settings and workspaces are left as they are.
 # The workbook's own notebooks open trusted (their stored outputs and widgets render); yours stay as they are.
+# The lab's defaults come from .jupyter-lab/settings/overrides.json (no news or update pop-up over the
+# notebook; a setting you change in the lab still wins). The venv's bin/ goes first on PATH, so the
+# kernels find its torchrun and ddp-lab as a terminal with the venv activated would.
 LAB_WORKSPACES ?= build/lab-workspaces
+LAB_SETTINGS := .jupyter-lab/settings
 lab: $(STAMP)
 	@$(VENV)/bin/jupyter trust notebooks/*.ipynb notebooks/solutions/*.ipynb >/dev/null
 	@mkdir -p $(LAB_WORKSPACES)
 	@test -e $(LAB_WORKSPACES)/default-37a8.jupyterlab-workspace || \
 		cp .jupyter-lab/default-37a8.jupyterlab-workspace $(LAB_WORKSPACES)/
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. $(ROOT_ARG) $(LAB_ARGS) \
-		--LabApp.workspaces_dir=$(LAB_WORKSPACES) \
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter lab --ServerApp.root_dir=. $(ROOT_ARG) $(LAB_ARGS) \
+		--LabApp.workspaces_dir=$(LAB_WORKSPACES) --LabApp.app_settings_dir=$(LAB_SETTINGS) \
 		--LabApp.default_url=/lab/tree/notebooks/00_first_launch.ipynb
 
 test: $(STAMP)

@@ -12,6 +12,8 @@
    NaN skip and clipping, resume on shared and unshared storage, the exit-time release), --passes
    times in a row under pytest.
 4. The browser tests (tests/e2e: JupyterLab in headless Chromium), --e2e-passes times in a row.
+5. scripts/slurm_ddp.sbatch submitted --slurm-runs times in a row to one localhost SLURM of two
+   nodes (ddp_lab.engine.slurm; where it cannot start, the line says why and nothing is counted).
 
 Prints `N runs, K failures` for each part and in total, with the failing tests' names and the last
 lines of every failure; the whole output of each failed run is kept in build/stress/ (the path is
@@ -140,6 +142,34 @@ def stress_tests(passes: int, timeout: float, files: str, label: str = "tests") 
     return n, failures
 
 
+def stress_slurm(runs: int, timeout: float) -> tuple[int, list[str]]:
+    """slurm_ddp.sbatch, `runs` jobs one after the other on one SLURM: each must COMPLETE on both
+    nodes, in one world of 2 ranks, and end with the same model as the first."""
+    sys.path.insert(0, str(ROOT))
+    from ddp_lab.engine import slurm
+    ok, why = slurm.available()
+    if not ok:
+        print(f"  SLURM skipped: {why}")
+        return 0, []
+    failures, shas = [], set()
+    with tempfile.TemporaryDirectory(prefix="stress_slurm_") as tmp, slurm.Slurm(nodes=2, link="1gbit") as s:
+        for i in range(runs):
+            out = Path(tmp, f"job{i}.out")
+            try:
+                job = s.sbatch(["--gpus-per-node=1", "--cpus-per-task=2", f"--output={out}", "scripts/slurm_ddp.sbatch",
+                                "--max-steps", "12", "--log-every", "4"], wait=True, timeout=timeout)
+                record, log = s.job(job), out.read_text() if out.exists() else ""
+                sha = log.rsplit("params sha256 ", 1)[-1].split(".")[0] if "params sha256 " in log else None
+                shas.add(sha)
+                if record["JobState"] != "COMPLETED" or "world_size=2 " not in log or sha is None or len(shas) > 1:
+                    failures.append(f"SLURM job {i}: {record['JobState']} {record['ExitCode']}, sha {sha}\n{log[-1500:]}")
+            except (RuntimeError, TimeoutError) as e:
+                failures.append(f"SLURM job {i}: {e}")
+            print(f"\r  SLURM: {i + 1}/{runs} jobs, {len(failures)} failures", end="", flush=True)
+    print()
+    return runs, failures
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=30, help="2-rank jobs per script")
@@ -153,6 +183,8 @@ def main(argv=None) -> int:
                     "process tests: " + ", ".join(PROCESS_TESTS))
     ap.add_argument("--e2e-passes", type=int, default=3, help="passes over the browser tests "
                     "(tests/e2e, about 4 min each on 2 idle cores)")
+    ap.add_argument("--slurm-runs", type=int, default=10, help="slurm_ddp.sbatch jobs in a row on a localhost "
+                    "SLURM (needs root and Debian's slurmctld, slurmd, munge)")
     a = ap.parse_args(argv)
     start = time.time()
     results = []
@@ -169,6 +201,9 @@ def main(argv=None) -> int:
         print(f"browser tests: {a.e2e_passes} passes of tests/e2e")
         results.append(("browser tests (tests/e2e)",
                         *stress_tests(a.e2e_passes, max(a.timeout, 1800), "tests/e2e", "browser tests")))
+    if a.slurm_runs:
+        print(f"SLURM: slurm_ddp.sbatch, {a.slurm_runs} jobs in a row on two nodes")
+        results.append(("SLURM jobs (sbatch)", *stress_slurm(a.slurm_runs, a.timeout)))
     for _, _, failures in results:
         for f in failures:
             print(f"\n--- failure: {f}")

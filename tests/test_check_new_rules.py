@@ -1,4 +1,4 @@
-"""ddp_lab.check rules DDP017-DDP020 and DDP105-DDP106: broken code they must flag (on the lines
+"""ddp_lab.check rules DDP017-DDP020 and DDP105-DDP108: broken code they must flag (on the lines
 marked `# <-`) and correct look-alikes they must leave alone. Pure AST: nothing here runs the code."""
 import pytest
 
@@ -114,6 +114,9 @@ SHELL_BROKEN = {
         "torchrun --nproc_per_node=2 --master_port=29500 train.py --fold $SLURM_ARRAY_TASK_ID  # <-",
         "MASTER_PORT=29500 python -m torch.distributed.run --nproc_per_node=2 a.py &\n"
         "MASTER_PORT=29500 torchrun --nproc_per_node=2 b.py  # <-",
+        # the port through a variable, and the launch in a bash array (as scripts/slurm_ddp.sbatch writes it)
+        '#SBATCH --array=0-3\nPORT="${PORT:-29500}"\ncmd=(\n  srun torchrun --nproc_per_node=4 --rdzv_backend=c10d\n'
+        '  --rdzv_endpoint="$HEAD:$PORT" train.py  # <-\n)\nexec "${cmd[@]}"',
     ],
     "DDP106": [
         "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --gres=gpu:4\n"
@@ -121,6 +124,17 @@ SHELL_BROKEN = {
         "#SBATCH --gpus-per-node=a100:2\ntorchrun \\\n  --nnodes=1 \\\n  --nproc-per-node 4 \\  # <-\n  train.py",
         "#SBATCH -N 2\n#SBATCH --gpus=8\ntorchrun --nnodes=2 --nproc_per_node=8 train.py  # <-",
         "#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-task=2\ntorchrun --nproc_per_node=4 train.py  # <-",
+    ],
+    "DDP107": [
+        "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=4  # <-\n#SBATCH --gpus-per-node=4\n"
+        "srun torchrun --nnodes=2 --nproc_per_node=4 train.py",
+        "#SBATCH --nodes=2\ncmd=(\n  srun --ntasks-per-node=2 python -m torch.distributed.run  # <-\n"
+        "  --nproc_per_node=2 train.py\n)\nexec \"${cmd[@]}\"",
+    ],
+    "DDP108": [
+        '#SBATCH --nodes=2\nHEAD_NODE="$SLURM_SUBMIT_HOST"\n'
+        'srun torchrun --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint="$HEAD_NODE:29500" train.py  # <-',
+        "#SBATCH --nodes=2\nexport MASTER_ADDR=$SLURM_SUBMIT_HOST  # <-\nsrun python train.py",
     ],
 }
 
@@ -138,6 +152,9 @@ SHELL_LOOKALIKES = {
         "for seed in 1 2; do\n  torchrun --nproc_per_node=2 --master_port=29500 train.py --seed $seed\ndone",
         "torchrun --nproc_per_node=2 --master_port=29500 train.py &\ntorchrun --nproc_per_node=2 --master_port=29501 eval.py",
         "torchrun --nproc_per_node=2 --master_port=29500 a.py &\nwait\ntorchrun --nproc_per_node=2 --master_port=29500 b.py",
+        '#SBATCH --array=0-3\nPORT="${PORT:-$(( 29500 + ${SLURM_ARRAY_TASK_ID:-0} ))}"\n'
+        'srun torchrun --rdzv_backend=c10d --rdzv_endpoint="$HEAD:$PORT" train.py',
+        "port=29500\nfor lr in 0.1 0.01; do\n  torchrun --master_port=$port train.py &\n  port=$((port + 1))\ndone\nwait",
     ],
     "DDP106": [
         "#SBATCH --gres=gpu:4\nsrun torchrun --nproc_per_node=4 train.py",
@@ -149,6 +166,18 @@ SHELL_LOOKALIKES = {
         "#SBATCH --gpus=4\ntorchrun --nproc_per_node=8 train.py",
         "torchrun --nproc_per_node=8 train.py  # no #SBATCH line: the job's GPUs are not known here",
         "#SBATCH --ntasks=8\n#SBATCH --gpus-per-task=1\nsrun torchrun --nproc_per_node=2 train.py",
+    ],
+    "DDP108": [
+        '#SBATCH --nodes=2\nHEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"\n'
+        'srun torchrun --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint="$HEAD_NODE:29500" train.py',
+        'echo "submitted from $SLURM_SUBMIT_HOST"\nsrun torchrun --nnodes=2 --rdzv_endpoint="$(hostname):29500" train.py',
+    ],
+    "DDP107": [
+        "#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=4\nsrun torchrun --nproc_per_node=4 train.py",
+        # srun starting the workers itself: a task per GPU is right
+        "#SBATCH --ntasks-per-node=4\n#SBATCH --gpus-per-node=4\nsrun python train.py",
+        # torchrun started once, by the batch script, not by srun
+        "#SBATCH --ntasks-per-node=4\ntorchrun --nproc_per_node=4 train.py",
     ],
 }
 
@@ -174,7 +203,7 @@ def test_shell_rule_leaves_correct_commands_alone(rule, code):
 
 
 def test_every_new_rule_has_broken_examples_and_lookalikes():
-    new = {r for r in check.RULES if r >= "DDP017" and not "DDP101" <= r < "DDP105"}
+    new = {r for r in check.RULES if r >= "DDP017" and not "DDP021" <= r < "DDP105"}  # DDP021-: test_check_new_classes
     assert new == set(BROKEN) | set(SHELL_BROKEN)
     assert all(BROKEN.get(r) and LOOKALIKES.get(r) or SHELL_BROKEN.get(r) and SHELL_LOOKALIKES.get(r) for r in new)
 
@@ -191,3 +220,17 @@ def test_messages_name_the_port_and_the_counts():
                                           "GPUs per node: processes share a GPU or pick one that does not exist."]
     found = check.source(SHELL_BROKEN["DDP105"][1], "shell")
     assert "Port 29500" in found[0].message and "line 1" in found[0].message
+
+
+def test_messages_say_what_a_real_slurm_showed():
+    """Measured in notebook 10 on a real SLURM: with the c10d rendezvous, a fixed port in a job array
+    does not fail at once; the second torchrun joins the first one's store. Two torchruns a node
+    (--ntasks-per-node=2) never form one world."""
+    found = check.source(SHELL_BROKEN["DDP105"][4], "shell")
+    assert [f.id for f in found] == ["DDP105"]
+    assert "joins the first one's rendezvous store" in found[0].message and "RendezvousConnectionError" in found[0].message
+    found = check.source(SHELL_BROKEN["DDP107"][0], "shell")
+    assert [f.message for f in found] == [
+        "--ntasks-per-node=4: srun starts 4 torchruns on every node, 4 x 4 = 16 processes a node, not one world: "
+        "the torchruns of a node share the rendezvous port, only one per node joins, and the others fail when it ends."]
+    assert check.source(open("scripts/slurm_ddp.sbatch").read(), "shell") == []

@@ -35,7 +35,7 @@ def test_report_names_ranks_and_tensors():
     text = str(ReplicaReport(False, [1, 3], ["a.weight", "bn.running_mean"], 4))
     assert "[1, 3]" in text and "bn.running_mean" in text
     assert str(ReplicaReport(True, world_size=4)) == "all 4 replicas are identical"
-    assert "2 buffer(s) not compared" in str(ReplicaReport(True, world_size=2, unchecked=["a", "b"]))
+    assert "2 buffers not compared" in str(ReplicaReport(True, world_size=2, unchecked=["a", "b"]))
 
 
 def test_checks_in_a_two_rank_job():

@@ -17,3 +17,103 @@ def test_stepper_caption_says_up_to_when_ranks_send_unequal_amounts():
     sent = {m.src for m in sim.steps[0]}
     assert len(sent) < sim.n
     assert widgets.sent_so_far(sim, step).startswith("up to ")
+
+
+# ---- the stepper at N=8, after changes of N and algorithm, and before its cell runs ------------
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+
+def _rank_boxes(n):
+    """Per rank, the area its drawing takes: its chunk outlines plus room for its name above."""
+    sim = widgets.simulation(n, "ring")
+    fig, ax = plt.subplots()
+    widgets.draw_step(ax, sim, 0)
+    outlines = [p for p in ax.patches if not p.get_fill()]
+    plt.close(fig)
+    per_rank = len(outlines) // n
+    boxes = []
+    for r in range(n):
+        mine = outlines[r * per_rank:(r + 1) * per_rank]
+        x0 = min(p.get_x() for p in mine)
+        x1 = max(p.get_x() + p.get_width() for p in mine)
+        y0 = min(p.get_y() for p in mine)
+        y1 = max(p.get_y() + p.get_height() for p in mine)
+        boxes.append((x0, y0, x1, y1 + 0.12))  # "rank r" sits just above the box
+    return boxes
+
+
+@pytest.mark.parametrize("n", [2, 4, 6, 8])
+def test_rank_boxes_and_names_keep_apart(n):
+    gap = 0.1  # a visible gap between neighbours (axes units; the ring's radius is 1)
+    boxes = _rank_boxes(n)
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            apart = a[2] + gap <= b[0] or b[2] + gap <= a[0] or a[3] + gap <= b[1] or b[3] + gap <= a[1]
+            assert apart, (n, a, b)
+
+
+def _controls(box):
+    import ipywidgets as W
+    row0, row1 = box.children[0].children, box.children[1].children
+    algo = next(w for w in row0 if isinstance(w, W.Dropdown))
+    ranks = next(w for w in row0 if isinstance(w, W.IntSlider))
+    step = next(w for w in row1 if isinstance(w, W.IntSlider))
+    end = next(w for w in row1 if isinstance(w, W.Button) and w.description == "End")
+    return algo, ranks, step, end
+
+
+def test_end_goes_to_the_last_step_of_the_current_n():
+    pytest.importorskip("ipywidgets")
+    box = widgets.ring_stepper(n=4)
+    algo, ranks, step, end = _controls(box)
+    step.value = 6
+    ranks.value = 8
+    assert step.max == len(widgets.simulation(8, "ring").steps) == 14
+    end.click()
+    assert step.value == 14 and box.drawn() == ("step 14/14: all-gather", box.drawn()[1])
+    assert box.drawn()[1].startswith("ring, N=8:")
+    ranks.value = 3  # fewer steps: the step is brought back within the new range, and drawn
+    assert step.max == 4 and step.value == 4 and box.drawn()[0].startswith("step 4/4")
+    end.click()
+    assert step.value == 4
+
+
+def test_quick_changes_end_on_the_picture_of_the_last_one():
+    pytest.importorskip("ipywidgets")
+    box = widgets.ring_stepper(n=4)
+    algo, ranks, step, end = _controls(box)
+    step.value = 3
+    for value in ("naive", "ring", "ring_unchunked"):
+        algo.value = value
+    ranks.value = 5
+    last = len(widgets.simulation(5, "ring_unchunked").steps)
+    assert step.max == last
+    title, caption = box.drawn()
+    assert caption.startswith("ring_unchunked, N=5:") and title.startswith(f"step {min(3, last)}/{last}")
+
+
+def test_stepper_says_run_this_cell_where_no_kernel_draws_it():
+    pytest.importorskip("ipywidgets")
+    box = widgets.ring_stepper(n=4)
+    bundle = box._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle  # a lab with a kernel draws it
+    for mime in ("text/plain", "text/html"):
+        assert "run this cell to use the controls" in bundle[mime], bundle
+    assert repr(box) == bundle["text/plain"]
+
+
+def test_stepper_starts_at_the_calls_values_and_names_bad_ones():
+    pytest.importorskip("ipywidgets")
+    for n, algorithm in ((2, "naive"), (8, "ring_unchunked"), (12, "ring")):
+        algo, ranks, step, _ = _controls(widgets.ring_stepper(n=n, algorithm=algorithm))
+        assert (ranks.value, algo.value, step.value) == (n, algorithm, 0)
+        assert step.max == len(widgets.simulation(n, algorithm).steps)
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        widgets.ring_stepper(n=1)
+    with pytest.raises(ValueError, match="ring, ring_unchunked, naive"):
+        widgets.ring_stepper(algorithm="tree")

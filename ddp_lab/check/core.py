@@ -38,6 +38,8 @@ SECTIONS = {
     "load": ("notebooks/06_checkpointing.ipynb", "4. Reading a checkpoint back on N ranks"),
     "skipped": ("notebooks/07_troubleshooting.ipynb", "1. A rank skips a collective"),
     "launch": ("notebooks/07_troubleshooting.ipynb", "4. Launch and rendezvous failures"),
+    "slurm": ("notebooks/10_laptop_to_cluster.ipynb", "3. Two real machines, and SLURM"),
+    "divergence": ("notebooks/07_troubleshooting.ipynb", "6. Silent divergence: replicas that drift apart"),
     "identity": ("notebooks/07_troubleshooting.ipynb", "8. Wrong identity"),
 }
 

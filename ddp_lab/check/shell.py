@@ -18,6 +18,7 @@ PIPES = {"|", "|&"}
 # not arguments, and the command goes on after them (`torchrun ... > log 2>&1 &` runs in the background).
 REDIRECTION = re.compile(r"^&?[<>]+[&|]?$")
 FD_REDIRECTION = re.compile(r"(^|[\s;&|(])\d+(?=[<>])")
+ARRAY_OPEN = re.compile(r"\s*(?:(?:local|declare|typeset)\s+(?:-a\s+)?)?\w+=\(")
 WRAPPERS = {"exec", "nohup", "time", "env", "srun", "command", "uv", "run", "sudo", "numactl", "taskset"}
 NO_VALUE = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m", "--module"}
 TORCHRUN_OPTION = re.compile(r"^--(nproc[-_]per[-_]node|nnodes|node[-_]rank|master[-_](addr|port)|standalone"
@@ -45,6 +46,7 @@ class Script:
 def scan(text: str, bang: bool = False) -> Script:
     script = Script(text.splitlines(), bang=bang)
     quote, heredocs, pieces, first = None, [], [], None
+    array = None   # a bash array being read (`cmd=(` ... `)`): its words are one command, run later by "${cmd[@]}"
     for n, raw in enumerate(script.lines, 1):
         if heredocs and quote is None:
             tabs, delim = heredocs[0]
@@ -83,8 +85,21 @@ def scan(text: str, bang: bool = False) -> Script:
         first = n if first is None else first
         pieces.append("".join(code) + ("\n" if quote else ""))
         if not (cont or quote):
-            _commands(script, "".join(pieces), first, n)
-            pieces, first = [], None
+            logical, pieces = "".join(pieces).replace("\n", " "), []
+            depth = logical.count("(") - logical.count(")")
+            opened = ARRAY_OPEN.match(logical)
+            if array is None and opened and depth > 0:
+                array = [first, logical[opened.end():], depth]
+            elif array is not None:
+                array[2] += depth
+                if array[2] > 0:
+                    array[1] += " " + logical
+                else:
+                    _commands(script, array[1] + " " + logical[:logical.rfind(")")], array[0], n)
+                    array = None
+            else:
+                _commands(script, logical, first, n)
+            first = None
     return script
 
 
@@ -210,15 +225,22 @@ def option(cmd: Command, start: int, *names: str) -> str | None:
     return None
 
 
-def _port(cmd: Command, start: int) -> str | None:
+def _port(cmd: Command, start: int, script: Script | None = None) -> str | None:
     """A port written as digits: --master_port=29500, MASTER_PORT=29500 torchrun ..., or the port of
-    --rdzv_endpoint=host:29400."""
+    --rdzv_endpoint=host:29400; or a variable the script sets to digits before the command
+    (PORT=29500, PORT="${PORT:-29500}"): a port computed from anything else is not fixed."""
     port = option(cmd, start, "--master_port")
     if port is None:
         port = next((t.split("=", 1)[1] for t in cmd.tokens[:start] if t.startswith("MASTER_PORT=")), None)
     if port is None:
         endpoint = option(cmd, start, "--rdzv_endpoint") or ""
         port = endpoint.rsplit(":", 1)[1] if ":" in endpoint else None
+    name = re.fullmatch(r"\$\{?(\w+)\}?", port or "")
+    if name and script is not None:   # set once, before the launch (one set again in a loop is not fixed)
+        sets = [c for c in script.commands if c.tokens[0].startswith(name.group(1) + "=")]
+        value = sets[0].tokens[0].split("=", 1)[1] if len(sets) == 1 and sets[0].first < cmd.first else ""
+        default = re.fullmatch(r"\$\{%s:?-(\d+)\}" % name.group(1), value)
+        port = default.group(1) if default else value
     return port if port and port.isdigit() else None
 
 
@@ -237,9 +259,10 @@ def sbatch(script: Script, *names: str) -> str | None:
 
 @rule("DDP105", "A fixed --master_port for launches that run at the same time on one machine (a loop or "
       "several commands sent to the background, a job array): the second one fails with EADDRINUSE "
-      "(address already in use).",
-      fix="give each launch its own port (--master_port=$((29500 + i))), or use --standalone (single node), "
-          "which picks a free one",
+      "(address already in use), or, with the c10d rendezvous, joins the first one's store and fails when "
+      "that one ends.",
+      fix="give each launch its own port (--master_port=$((29500 + i)); in a job array "
+          "$((29500 + SLURM_ARRAY_TASK_ID))), or use --standalone (single node), which picks a free one",
       section="launch", kind="shell")
 def fixed_port_twice(script: Script):
     array = sbatch(script, "--array", "-a") is not None
@@ -248,18 +271,26 @@ def fixed_port_twice(script: Script):
         if cmd.tokens[0] == "wait":
             seen = []   # the launches sent to the background before have ended
         found = launcher(cmd)
-        port = _port(cmd, found[1]) if found else None
+        port = _port(cmd, found[1], script) if found else None
         if port is None:
             continue
         node = option(cmd, found[1], "--node_rank")
         again = [c for c, p, n in seen if p == port and c.background and not (n and node and n != node)]
         if (cmd.loop and cmd.background) or again or array:
-            hit = _at(script, cmd, port)
+            written = any(port in script.lines[n - 1] for n in range(cmd.first, cmd.last + 1))
+            hit = _at(script, cmd, port if written else
+                      "--rdzv_endpoint" if option(cmd, found[1], "--rdzv_endpoint") else "--master_port")
             why = "inside a loop, sent to the background" if cmd.loop and cmd.background else \
                 f"also used by the launch on line {again[0].first}, still running" if again else \
                 "in a job array, whose tasks can share a machine"
-            hit.message = (f"Port {port} is fixed {why}: the second launch on the same machine fails with "
-                           "EADDRINUSE (address already in use).")
+            if option(cmd, found[1], "--rdzv_endpoint") and option(cmd, found[1], "--rdzv_backend") == "c10d":
+                # measured on a real SLURM (notebook 10): no failure at the start, a shared store instead
+                hit.message = (f"Port {port} is fixed {why}: the second torchrun on the same machine finds it "
+                               "taken (EADDRINUSE), joins the first one's rendezvous store instead, and fails "
+                               "(RendezvousConnectionError) if that one ends first.")
+            else:
+                hit.message = (f"Port {port} is fixed {why}: the second launch on the same machine fails with "
+                               "EADDRINUSE (address already in use).")
             yield hit
         seen.append((cmd, port, node))
 
@@ -302,3 +333,61 @@ def nproc_over_gpus(script: Script):
                            f"{gpus} GPU{'s' * (gpus != 1)} per node: processes share a GPU or pick one that "
                            "does not exist.")
             yield hit
+
+
+@rule("DDP107", "srun starts --ntasks-per-node copies of torchrun on every node, and each starts "
+      "--nproc_per_node workers: the torchruns of one node find their rendezvous port taken and join one "
+      "rendezvous, where only one per node fits; the others wait, then fail when it ends.",
+      fix="--ntasks-per-node=1 when srun starts torchrun (torchrun starts the node's workers); or drop "
+          "torchrun and let srun start one task per GPU (--ntasks-per-node=GPUs, RANK from SLURM_PROCID)",
+      section="slurm", kind="shell")
+def tasks_times_nproc(script: Script):
+    tasks = sbatch(script, "--ntasks-per-node")
+    for cmd in script.commands:
+        found = launcher(cmd)
+        if not found or "srun" not in cmd.tokens[:found[1]]:
+            continue
+        per_node = option(cmd, cmd.tokens.index("srun") + 1, "--ntasks-per-node") or tasks
+        if per_node and per_node.isdigit() and int(per_node) > 1:
+            nproc = option(cmd, found[1], "--nproc_per_node")
+            line = next((n for n, text in enumerate(script.lines, 1)
+                         if "--ntasks-per-node" in text and per_node in text), cmd.first)
+            hit = Hit(line, col=script.lines[line - 1].find("--ntasks-per-node") + 1)
+            workers = f"{per_node} x {nproc} = {int(per_node) * int(nproc)}" if nproc and nproc.isdigit() else \
+                f"{per_node} x --nproc_per_node"
+            hit.message = (f"--ntasks-per-node={per_node}: srun starts {per_node} torchruns on every node, "
+                           f"{workers} processes a node, not one world: the torchruns of a node share the "
+                           "rendezvous port, only one per node joins, and the others fail when it ends.")
+            yield hit
+
+
+@rule("DDP108", "The rendezvous endpoint (or MASTER_ADDR) is the host the job was submitted from "
+      "($SLURM_SUBMIT_HOST, the login node), not a node of the allocation: nothing listens there, and every "
+      "torchrun waits for it until its rendezvous timeout.",
+      fix="take the allocation's first node where the job runs: "
+          "HEAD_NODE=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | sed -n 1p)",
+      section="slurm", kind="shell")
+def endpoint_from_login_node(script: Script):
+    login = {"SLURM_SUBMIT_HOST"}
+    for cmd in script.commands:   # names set from the submit host, also through other names
+        for tok in cmd.tokens:
+            name, eq, value = tok.partition("=")
+            if eq and re.fullmatch(r"\w+", name) and any(re.search(r"\$\{?%s\b" % n, value) for n in login):
+                login.add(name)
+    for cmd in script.commands:
+        found = launcher(cmd)
+        values = [option(cmd, found[1], "--rdzv_endpoint"), option(cmd, found[1], "--master_addr")] if found else []
+        values += [t.split("=", 1)[1] for t in cmd.tokens if t.startswith("MASTER_ADDR=")]
+        for value in filter(None, values):
+            used = next((n for n in login if re.search(r"\$\{?%s\b" % n, value)), None)
+            if used:
+                text = next((t for t in ("--rdzv_endpoint", "--master_addr", "MASTER_ADDR=")
+                             if any(t in script.lines[k - 1] for k in range(cmd.first, cmd.last + 1))), "")
+                hit = _at(script, cmd, text) if text else Hit(cmd.first)
+                where = "" if used == "SLURM_SUBMIT_HOST" else " (set from $SLURM_SUBMIT_HOST)"
+                hit.message = (f"The rendezvous endpoint comes from ${used}{where}, the host the job was submitted "
+                               "from (the login node), not a node of the allocation: every torchrun waits "
+                               "there until its rendezvous timeout (measured: 'timed out ... while trying to "
+                               "connect to (ctl, 29500)').")
+                yield hit
+                break

@@ -96,7 +96,7 @@ def gpus(plan) -> Check:
         return Check("gpus", "skip", "no CUDA device visible: programs use the CPU and gloo")
     props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
     kinds = {(p.name, round(p.total_memory / GIB)) for p in props}
-    detail = f"{len(props)} GPU(s): " + ", ".join(f"{n} {m} GiB" for n, m in sorted(kinds))
+    detail = f"{len(props)} GPU{'s' * (len(props) != 1)}: " + ", ".join(f"{n} {m} GiB" for n, m in sorted(kinds))
     data = {"count": len(props), "gpus": [{"name": p.name, "memory_gib": round(p.total_memory / GIB, 1)} for p in props]}
     if len(kinds) > 1:
         return Check("gpus", "warn", detail + " (not all alike)",
@@ -129,7 +129,7 @@ def allreduce(plan) -> list[Check]:
     gpus_n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for backend in ("gloo", "nccl"):
         if backend == "nccl" and gpus_n < 2:
-            out.append(Check("allreduce_nccl", "skip", f"{gpus_n} GPU(s): an NCCL all-reduce needs two"))
+            out.append(Check("allreduce_nccl", "skip", f"{gpus_n} GPU{'s' * (gpus_n != 1)}: an NCCL all-reduce needs two"))
             continue
         r = measure(2, backend, megabytes=64 if backend == "nccl" else 16)
         if not r["ok"]:
@@ -223,9 +223,9 @@ def cores(plan) -> Check:
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     data = {"cores": n, "nproc": plan.nproc, "threads_per_process": max(1, n // plan.nproc)}
     if plan.nproc > n:
-        return Check("cores", "warn", f"{n} core(s) for {plan.nproc} processes: they will take turns",
+        return Check("cores", "warn", f"{n} core{'s' * (n != 1)} for {plan.nproc} processes: they will take turns",
                      f"plan at most {n} CPU processes (or use GPUs); OMP_NUM_THREADS=1", data)
-    return Check("cores", "pass", f"{n} core(s) for {plan.nproc} processes: OMP_NUM_THREADS="
+    return Check("cores", "pass", f"{n} core{'s' * (n != 1)} for {plan.nproc} processes: OMP_NUM_THREADS="
                  f"{data['threads_per_process']} each", data=data)
 
 
@@ -265,13 +265,16 @@ def _same_python(a: str, b: str) -> bool:
 
 def localhost_cluster(plan) -> Check:
     """Whether launches can put nodes in network namespaces of their own, joined by a shaped link
-    (launch.torchrun(..., link=...): the multi-node cells of the lessons)."""
-    from ddp_lab.engine import netcluster
+    (launch.torchrun(..., link=...): the multi-node cells of the lessons), and what a local launch
+    listens on (ddp_lab.engine.private), first."""
+    from ddp_lab.engine import netcluster, private
+    launches = f"launches: {private.mode()}"
     ok, why = netcluster.available()
     if ok:
-        return Check("cluster", "pass", "nodes in network namespaces joined by a shaped link: available "
-                     "(launch.torchrun(..., nnodes=2, link='1gbit'))")
-    return Check("cluster", "skip", f"localhost cluster not available: {why}", data={"why": why})
+        return Check("cluster", "pass", f"{launches}; nodes in network namespaces joined by a shaped link: "
+                     "available (launch.torchrun(..., nnodes=2, link='1gbit'))", data={"launches": private.mode()})
+    return Check("cluster", "skip", f"{launches}; localhost cluster not available: {why}",
+                 data={"why": why, "launches": private.mode()})
 
 
 ALL = [python_version, torch_version, driver, gpus, backends, allreduce, master_port, hostname, shm,

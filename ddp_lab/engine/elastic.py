@@ -11,7 +11,9 @@ rehearsal of the multi-node launch files with stand-in srun/scontrol/python (reh
 
 With link="1gbit" (or any rate, see netcluster) each agent runs on a node of the localhost
 cluster, added as it starts, and kill() loses the whole node: its link goes down, then every
-process in its namespace is killed, as in a power cut. Without it the agents share 127.0.0.1.
+process in its namespace is killed, as in a power cut. Without it the agents share 127.0.0.1:
+the loopback of one private network namespace (ddp_lab.engine.private), so the rendezvous
+store is out of the network's reach.
 
 Each agent is `python -m torch.distributed.run --nnodes MIN:MAX --rdzv-backend c10d`, as on a
 real node, started under ddp_lab.engine._reaper (which kills its whole tree when asked, or when
@@ -35,7 +37,7 @@ from pathlib import Path
 
 import psutil
 
-from ddp_lab.engine import launch, netcluster
+from ddp_lab.engine import launch, netcluster, private
 
 # torchrun's defaults: last_call 30 s, keep-alive every 5 s and a node dead after 3 missed,
 # join 600 s, close 30 s. Here: 2 s of last call (then the round closes with whoever came),
@@ -68,6 +70,7 @@ class Cluster:
         self.agents: dict[str, subprocess.Popen] = {}
         self.events: list[tuple[float, str]] = []          # (time, what the driver did)
         self.host: str | None = None                        # the agent that serves the rendezvous store
+        self.shared: private.Shared | None = None           # the local agents' private namespace
 
     def __enter__(self) -> "Cluster":
         return self
@@ -110,8 +113,13 @@ class Cluster:
                       env=extra, log=str(self.dir / f"agent_{name}.log"))
             self.agents[name] = _Node(self, self.nodes[name])
         else:
-            log = open(self.dir / f"agent_{name}.log", "a", encoding="utf-8")
+            if self.shared is None:  # the agents meet on the loopback of one private namespace
+                self.shared = private.Shared()
             cmd = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--", *self.command(name, host)]
+            cmd = self.shared.enter(cmd)
+            if self.shared.holder is not None:
+                env = {**private.LOOPBACK_ENV, **env}
+            log = open(self.dir / f"agent_{name}.log", "a", encoding="utf-8")
             self.agents[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                  stdin=subprocess.DEVNULL)
             log.close()
@@ -153,6 +161,9 @@ class Cluster:
         """Stop every agent still running (the guardians kill their trees), then check nothing is left."""
         guardians = [self.server] if self.link else list(self.agents.values())
         launch._kill_all([g for g in guardians if g is not None])
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
         left = [p for g in guardians if g is not None for p in _tree(g.pid)]
         if left:
             raise RuntimeError(f"processes left after stopping the agents: {[p.pid for p in left]}")

@@ -15,6 +15,10 @@ leaves them running. This module instead:
   SHOW_HEAD + SHOW_TAIL lines; every line stays in `Run.log`;
 - gives each launch its own port (`--standalone`, or a free port for nnodes > 1);
 - gives each simulated node GPUs of its own, or none where there are too few (node_gpus);
+- runs a local job in a private network namespace (ddp_lab.engine.private): what its ranks and
+  torchrun's rendezvous store listen on is reachable over loopback only, not from the network;
+  network=True (or a `--download` among the args) keeps the machine's network, DDP_LAB_PRIVATE=off
+  turns it off everywhere;
 - with link="100mbit", puts each node in a network namespace of its own, joined to the others
   by a link shaped to that rate (ddp_lab.engine.netcluster);
 - puts a small guardian (ddp_lab.engine._reaper) between the kernel and torchrun that
@@ -52,7 +56,7 @@ from pathlib import Path
 
 import psutil
 
-from ddp_lab.engine import netcluster
+from ddp_lab.engine import netcluster, private
 from ddp_lab.engine._rootcause import root_cause
 from ddp_lab.autopsy import collect as _autopsy
 
@@ -198,7 +202,8 @@ class _Output:
     (pipe, rank) until the rest of its line arrives.
     """
 
-    def __init__(self, stream: bool):
+    def __init__(self, stream: bool, hide=()):
+        self.hide = tuple(hide)  # a rank's line holding one of these stays in the log only
         self.token = f"ddp-lab-{secrets.token_hex(4)}"
         self.prefix = f"<{self.token}:${{rank}}>"  # torchrun fills in ${rank}
         self.split = re.compile(rf"<{self.token}:(\d+)>").split
@@ -231,6 +236,8 @@ class _Output:
     def _rank_line(self, key: tuple, text: str) -> None:
         (_, stream), rank = key
         self.lines.append(f"[{rank}]:{text}")
+        if any(h in text for h in self.hide):
+            return
         text = _TORCH_RANK_TAG.sub("", text)
         self.rank_lines.setdefault(rank, []).append(text)
         if stream == "err":
@@ -381,7 +388,8 @@ def on_nodes(commands, link: str, timeout: float = 180, check: bool = True) -> l
 
 def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: int = 0,
              timeout: float = 300, env: dict | None = None, threads: int | None = None,
-             stream: bool = True, link: str | None = None, node_script: str | None = None) -> Run:
+             stream: bool = True, link: str | None = None, node_script: str | None = None,
+             network: bool = False) -> Run:
     """Run `program` on nproc processes per node (nnodes simulated nodes on localhost; on a
     machine with GPUs, see node_gpus).
 
@@ -390,6 +398,10 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     the machine cannot, ClusterUnavailable says why in one line.
     node_script: with link, start each node with this launch file of scripts/ instead of a
     torchrun line: "launch_multinode.sh" (program "train_ddp.py"), run once per node namespace.
+
+    network: keep the machine's network for this job (a dataset download, a master elsewhere);
+    otherwise a local job runs in a private network namespace, loopback only (ddp_lab.engine.private).
+    A `--download` in the program's arguments implies it.
 
     program: a script path, a bare name from the workbook's scripts/ ("train_ddp.py"),
     or "-m module". Returns a Run; raises LaunchError on failure or timeout (the job's
@@ -420,9 +432,14 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
         # (pytorch/pytorch#167288: stale peer addresses -> gloo "Connection refused").
         child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     child_env = _importing_this_checkout(child_env)
+    if link is None:
+        network = network or _needs_network(program_argv, args, stream)
+    quiet = link is None and not network and private.available()
+    if quiet:  # in a private namespace: loopback for gloo; torch's warnings about its lack of DNS unshown
+        child_env = {**private.LOOPBACK_ENV, **child_env}
     autopsy = _autopsy.start(child_env)  # arms the ranks through child_env; None when off
     port = free_port()
-    output = _Output(stream)
+    output = _Output(stream, hide=private.NO_DNS_WARNINGS if quiet else ())
     # The prefix by environment: torchrun has read it there since torch 2.2, the
     # --log-line-prefix-template flag only in releases after 2.11.
     child_env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = output.prefix
@@ -445,7 +462,11 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     procs, ended = [], {}
     start = time.time()
     started = time.monotonic()  # the timeout's clock: a wall-clock step must not end a job early
+    shared = None  # several local nodes share one private namespace (they meet on its loopback)
     try:
+        if not link:
+            shared = private.Shared(network) if nnodes > 1 else None
+            spawn = [(shared.enter(c) if shared else private.wrap(c, network), v) for c, v in spawn]
         for node, (cmd, visible) in enumerate(spawn):
             env = child_env if visible is None else {**child_env, "CUDA_VISIBLE_DEVICES": visible}
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -490,6 +511,9 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
             autopsy.discard()
         output.close()
         raise LaunchInterrupted("the launch was stopped, and every process it started with it") from None
+    finally:
+        if shared is not None:
+            shared.close()
     run = _finish(procs, start, output, records_dir, cmds, ended)
     if run.returncode != 0:
         tier = {}
@@ -504,6 +528,16 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     if autopsy is not None:
         autopsy.discard()
     return run
+
+
+def _needs_network(program_argv, args, stream: bool) -> bool:
+    """A program asked to --download needs the network: it keeps the machine's (one line says so)."""
+    if "--download" not in [*program_argv, *map(str, args)]:
+        return False
+    if stream and private.available():
+        print("[launch] --download: this job keeps the machine's network (no private namespace) "
+              "to fetch the dataset", flush=True)
+    return True
 
 
 def _diagnose(autopsy, world: int):

@@ -46,7 +46,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={dir}/munge.socket
+AuthInfo=socket={dir}/munge.socket,cred_expire=5
 StateSaveLocation={dir}/state
 SlurmdSpoolDir={dir}/spool/%n
 SlurmctldPidFile={dir}/slurmctld.pid
@@ -63,6 +63,8 @@ JobCompType=jobcomp/none
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
+SlurmdTimeout=6
+SchedulerParameters=bf_interval=1,sched_interval=2
 SlurmdParameters=config_overrides
 GresTypes=gpu
 {nodes}
@@ -102,22 +104,41 @@ def _conf(folder: str, nodes: int, cpus: int, gpus: int) -> None:
     key.chmod(0o400)
 
 
+def _out(folder: str) -> dict:
+    """Popen's arguments for a daemon: SLURM's config, and its output appended to daemons.log."""
+    return dict(stdout=open(f"{folder}/daemons.log", "a"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "SLURM_CONF": f"{folder}/slurm.conf"})
+
+
 def _daemons(folder: str, nodes: int) -> list[subprocess.Popen]:
-    env = {**os.environ, "SLURM_CONF": f"{folder}/slurm.conf"}
-    log = open(f"{folder}/daemons.log", "a")
-    out = dict(stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    out = _out(folder)
     procs = [subprocess.Popen(["munged", "--foreground", "--force", f"--key-file={folder}/munge.key",
                                f"--socket={folder}/munge.socket", f"--pid-file={folder}/munged.pid",
                                f"--log-file={folder}/munged.log", f"--seed-file={folder}/munge.seed"], **out)]
     deadline = time.time() + 10
     while not os.path.exists(f"{folder}/munge.socket") and time.time() < deadline:
         time.sleep(0.05)
-    procs.append(subprocess.Popen(["unshare", "--uts", "sh", "-c", "hostname ctl && exec slurmctld -D -i"], **out))
-    for k in range(nodes):
-        # nsenter, not `ip netns exec`: that remounts /sys, and slurmd needs the host's /sys/fs/cgroup
-        procs.append(subprocess.Popen(["nsenter", f"--net=/run/netns/node{k}", "unshare", "--uts", "sh", "-c",
-                                       f"hostname node{k} && exec slurmd -D -N node{k}"], **out))
-    return procs
+    procs.append(subprocess.Popen(["slurmctld", "-D", "-i"], **out))
+    return procs + [_slurmd(folder, k, out) for k in range(nodes)]
+
+
+def _slurmd(folder: str, k: int, out: dict) -> subprocess.Popen:
+    # nsenter, not `ip netns exec`: that remounts /sys, and slurmd needs the host's /sys/fs/cgroup
+    return subprocess.Popen(["nsenter", f"--net=/run/netns/node{k}", "unshare", "--uts", "sh", "-c",
+                             f"hostname node{k} && exec slurmd -D -N node{k}"], **out)
+
+
+def _crash(k: int) -> list[int]:
+    """Node k goes down as in a power cut: SIGKILL to everything on it (slurmd, the job's step
+    daemons, torchrun and its workers), with no time to tell anyone. Its link stays."""
+    pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", f"node{k}"], capture_output=True,
+                                           text=True).stdout.split()]
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    return pids
 
 
 def serve(folder: str, nodes: int, link: str, cpus: int, gpus: int) -> int:
@@ -125,6 +146,7 @@ def serve(folder: str, nodes: int, link: str, cpus: int, gpus: int) -> int:
     ({"run": argv, "cwd": ..., "env": {...}, "timeout": s}), answering each on stdout."""
     started = time.time()
     netcluster.build(nodes, netcluster.rate_bits(link))
+    subprocess.run(["hostname", "ctl"], check=True)   # the login node (its own UTS namespace)
     subprocess.run(["ip", "addr", "add", f"{CONTROLLER}/24", "dev", "br0"], check=True, capture_output=True)
     with open("/etc/hosts", "a") as f:     # the cluster's own copy (netcluster.build mounted it)
         f.write(f"{CONTROLLER} ctl\n")
@@ -144,6 +166,13 @@ def serve(folder: str, nodes: int, link: str, cpus: int, gpus: int) -> int:
     print(json.dumps({"ready": round(time.time() - started, 2)}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
+        if "crash" in req:
+            print(json.dumps({"killed": _crash(req["crash"])}), flush=True)
+            continue
+        if "boot" in req:     # the node is back: its slurmd registers, and ReturnToService=2 returns it
+            procs.append(_slurmd(folder, req["boot"], _out(folder)))
+            print(json.dumps({"booted": req["boot"]}), flush=True)
+            continue
         try:
             p = subprocess.run(req["run"], cwd=req.get("cwd"), env={**env, **req.get("env", {})},
                                capture_output=True, text=True, timeout=req.get("timeout", 120))
@@ -173,7 +202,7 @@ class Slurm:
 
     def __enter__(self) -> "Slurm":
         cmd = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
-               "unshare", "--net", "--mount", sys.executable, "-m", "ddp_lab.engine.slurm", "--serve",
+               "unshare", "--net", "--mount", "--uts", sys.executable, "-m", "ddp_lab.engine.slurm", "--serve",
                "--dir", str(self.dir), "--nodes", str(self.nodes), "--link", self.link,
                "--cpus", str(self.cpus), "--gpus", str(self.gpus)]
         self.server = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -207,10 +236,7 @@ class Slurm:
         # as on the localhost cluster (NCCL between GPUs of one machine would bypass the link)
         env = {"GLOO_SOCKET_IFNAME": netcluster.IFNAME, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable,
                **(env or {})}
-        self.server.stdin.write(json.dumps({"run": argv, "cwd": str(cwd or launch.ROOT), "env": env,
-                                            "timeout": timeout}) + "\n")
-        self.server.stdin.flush()
-        a = self._answer(timeout + 15)
+        a = self._ask({"run": argv, "cwd": str(cwd or launch.ROOT), "env": env, "timeout": timeout}, timeout + 15)
         done = subprocess.CompletedProcess(argv, a["code"], a["stdout"], a["stderr"])
         if check and done.returncode:
             last = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
@@ -236,6 +262,24 @@ class Slurm:
                 raise TimeoutError(f"job {job_id} still {job['JobState']} after {timeout:g} s; logs in {self.dir}")
             time.sleep(0.25)
         return job
+
+    def crash(self, node: int) -> list[int]:
+        """Node `node` goes down as in a power cut (everything on it killed at once); the pids killed."""
+        return self._ask({"crash": node})["killed"]
+
+    def boot(self, node: int) -> None:
+        """The crashed node is back: its slurmd starts again and registers with the controller."""
+        self._ask({"boot": node})
+
+    def node(self, name: str) -> dict[str, str]:
+        """`scontrol show node` as a dict: State, Reason..."""
+        text = self.run(["scontrol", "show", "node", "-o", name]).stdout
+        return dict(kv.split("=", 1) for kv in text.split() if "=" in kv)
+
+    def _ask(self, req: dict, timeout: float = 30) -> dict:
+        self.server.stdin.write(json.dumps(req) + "\n")
+        self.server.stdin.flush()
+        return self._answer(timeout)
 
     def job(self, job_id: str) -> dict[str, str]:
         """`scontrol show job` as a dict (no accounting here, so no sacct): JobState, ExitCode, NodeList..."""

@@ -88,7 +88,7 @@ def run(ctx, args):
                    diff_to_rank0=(mine - rank0).abs().max().item(),
                    diff_to_engineering=(mine - reference).abs().max().item())
         ctx.print0(f"{variant:>13}: {counter.calls:3d} bucket all-reduces for {args.updates} updates "
-                   f"({buckets} bucket(s) per sync), {seconds * 1e3:6.0f} ms per update")
+                   f"({buckets} bucket{'s' * (buckets != 1)} per sync), {seconds * 1e3:6.0f} ms per update")
 
 
 def main(argv=None) -> None:

@@ -15,7 +15,7 @@ import pickle
 import tempfile
 
 from ddp_lab.grade import exercises  # noqa: F401  (registers every exercise)
-from ddp_lab.grade.core import REGISTRY, Result, is_stub, judge, pack
+from ddp_lab.grade.core import REGISTRY, Result, cell_number, is_stub, judge, pack
 from ddp_lab.grade.store import progress, record
 
 __all__ = ["check", "check_many", "check_all", "progress", "REGISTRY", "Result"]
@@ -30,6 +30,7 @@ def check(exercise_id: str, answer) -> Result:
         result = check_many(exercise_id, {"answer": answer})["answer"]
         record(exercise, result.passed)
     print(result)
+    result.shown_in = cell_number()  # a cell that ends with this call does not show it again
     return result
 
 

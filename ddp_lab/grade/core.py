@@ -49,6 +49,7 @@ class Result:
     passed: bool | None        # None: not attempted yet
     problems: list = field(default_factory=list)
     title: str = ""
+    shown_in: int | None = field(default=None, repr=False, compare=False)  # the cell that printed it
 
     def __str__(self) -> str:
         if self.passed is None:
@@ -60,6 +61,18 @@ class Result:
 
     def _repr_pretty_(self, p, cycle):
         p.text(str(self))
+
+    def _ipython_display_(self):
+        """A notebook cell ending in grade.check(...) shows the verdict once: check printed it."""
+        if self.shown_in is None or self.shown_in != cell_number():
+            print(self)
+
+
+def cell_number() -> int | None:
+    """The number of the notebook cell (IPython input) running now; None outside IPython."""
+    ip = sys.modules.get("IPython")
+    shell = ip.get_ipython() if ip is not None else None
+    return getattr(shell, "execution_count", None)
 
 
 def is_stub(answer) -> bool:
@@ -119,6 +132,18 @@ def _from_source(item):
     namespace = {"torch": torch, "dist": dist, "nn": nn, "F": F}
     exec(compile(item[2], f"<answer {item[1]}>", "exec"), namespace)
     return namespace[item[1]]
+
+
+def as_given(x):
+    """The learner's number as they gave it: an int stays an int, a float a float (a numpy or
+    torch scalar becomes its Python value), so feedback echoes 66, not 66.0."""
+    x = x.item() if hasattr(x, "item") else x
+    return x if isinstance(x, (int, float)) else float(x)
+
+
+def shown(values) -> str:
+    """[66, 5.3]: the learner's numbers, ints as ints and floats to one decimal."""
+    return "[" + ", ".join(str(v) if isinstance(v, int) else str(round(v, 1)) for v in values) + "]"
 
 
 def error_text(exc: BaseException) -> str:

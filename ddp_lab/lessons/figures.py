@@ -11,6 +11,31 @@ from matplotlib.colors import ListedColormap
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
+from ddp_lab.lessons import plural
+
+# Smallest font sizes (points) that read at 100 % zoom in JupyterLab: tick labels, axis labels and
+# titles, any other text (legends, bar annotations).
+TICK_PT, LABEL_PT, TEXT_PT = 10, 11, 9
+
+
+def readable(fig):
+    """Raise every font of `fig` below those floors to the floor; larger fonts stay. Returns fig."""
+    from matplotlib.text import Text
+    ticks, labels = set(), set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            ticks.update(axis.get_ticklabels(which="both"))
+            labels.add(axis.label)
+            if min((t.get_fontsize() for t in axis.get_ticklabels()), default=TICK_PT) < TICK_PT:
+                axis.set_tick_params(which="both", labelsize=TICK_PT)  # ticks drawn later too
+        labels.update((ax.title, ax._left_title, ax._right_title))
+    for t in fig.findobj(Text):
+        floor = TICK_PT if t in ticks else LABEL_PT if t in labels else TEXT_PT
+        if t.get_text() and t.get_fontsize() < floor:
+            t.set_fontsize(floor)
+    return fig
+
+
 RANK_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
 
 
@@ -230,7 +255,7 @@ def bucket_sweep_and_timeline(caps, n_buckets, rows):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
     ax1.plot([r["cap"] for r in caps], [r["median_s"] * 1e3 for r in caps], "o-")
     for r, nb in zip(caps, n_buckets):
-        ax1.annotate(f"{nb} buckets", (r["cap"], r["median_s"] * 1e3), textcoords="offset points",
+        ax1.annotate(plural(nb, "bucket"), (r["cap"], r["median_s"] * 1e3), textcoords="offset points",
                      xytext=(4, 6), fontsize=8)
     ax1.set(xscale="log", xlabel="bucket_cap_mb", ylabel="ms per step (median)", title="bucket_cap_mb sweep")
     ax1.grid(alpha=0.3)
@@ -254,7 +279,7 @@ def save_interval(grid, overhead, first_order, simulated, young, tb_per_day, tit
     ax.plot(grid, [100 * first_order(n) for n in grid], ls=":", color="tab:blue", label="first order")
     ax.plot([n for n, _ in simulated], [100 * s for _, s in simulated], "o", color="k", ms=4,
             label="simulated failures")
-    ax.axvline(young, color="tab:green", ls="--", label=f"Young: every {young:.0f} steps")
+    ax.axvline(young, color="tab:green", ls="--", label=f"Young: every {plural(round(young), 'step')}")
     ax.set(xscale="log", ylim=(0, 40), xlabel="save every N steps", ylabel="time not making progress (%)",
            title=title)
     ax2 = ax.twinx()

@@ -1,6 +1,8 @@
 """Nodes, devices, processes and ranks: the numbering torchrun uses, and a figure of it."""
 from __future__ import annotations
 
+from ddp_lab.lessons import plural
+
 
 def rank_table(nnodes: int, nproc_per_node: int) -> list[dict]:
     """One row per process: global rank = node_rank * nproc_per_node + local_rank."""
@@ -36,6 +38,7 @@ def draw(nnodes: int = 2, nproc_per_node: int = 4, device: str = "GPU", ax=None)
     ax.set_xlim(-0.2, nnodes * (node_w + gap))
     ax.set_ylim(-0.3, 2.5)
     ax.axis("off")
-    ax.set_title(f"world_size = {nnodes} nodes x {nproc_per_node} processes = {nnodes * nproc_per_node}"
+    ax.set_title(f"world_size = {plural(nnodes, 'node')} x {plural(nproc_per_node, 'process', 'processes')} = "
+                 f"{nnodes * nproc_per_node}"
                  "   (one process per device; rank 0 shaded)", fontsize=10)
     return ax

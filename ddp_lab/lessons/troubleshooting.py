@@ -38,6 +38,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from ddp_lab.lessons import plural
+
 
 @dataclass
 class ReplicaReport:
@@ -49,10 +51,12 @@ class ReplicaReport:
 
     def __str__(self) -> str:
         if self.ok:
-            left = f" ({len(self.unchecked)} buffer(s) not compared: DDP re-sends rank 0's)" if self.unchecked else ""
+            left = (f" ({plural(len(self.unchecked), 'buffer')} not compared: DDP re-sends rank 0's)"
+                    if self.unchecked else "")
             return f"all {self.world_size} replicas are identical{left}"
         names = ", ".join(self.differing_tensors[:6]) + (" ..." if len(self.differing_tensors) > 6 else "")
-        return f"ranks {self.differing_ranks} differ from rank 0 in {len(self.differing_tensors)} tensor(s): {names}"
+        tensors = plural(len(self.differing_tensors), "tensor")
+        return f"ranks {self.differing_ranks} differ from rank 0 in {tensors}: {names}"
 
 
 def tensor_hash(t: torch.Tensor) -> int:

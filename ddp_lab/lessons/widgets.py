@@ -11,6 +11,7 @@ all-gather copies the finished chunks round the ring. Arrows are this step's mes
 """
 from __future__ import annotations
 
+import html
 import math
 
 import matplotlib.pyplot as plt
@@ -39,13 +40,21 @@ def _positions(n: int):
     return [(math.cos(a), math.sin(a)) for a in angles]
 
 
+def _layout(n: int):
+    """Centres, box width and height for n ranks: boxes shrink with N so neighbours never touch."""
+    pos = _positions(n)
+    gap = 2 * math.sin(math.pi / n)  # distance between neighbouring centres on the unit circle
+    w = min(0.95, 0.68 * gap)
+    h = min(0.3, 0.42 * w)
+    return pos, w, h
+
+
 def draw_step(ax, sim: ring.Simulation, step: int, small: bool = False) -> None:
     """Draw the state after `step` steps (0 = the inputs) and the messages of that step."""
     n, colors = sim.n, rank_colors(sim.n)
     held = sim.holdings[step]
     nchunks = len(held[0])
-    pos = _positions(n)
-    w, h = (0.95 if n <= 4 else 0.7), 0.3  # the rank's whole tensor: width w, height h
+    pos, w, h = _layout(n)  # the rank's whole tensor: width w, height h
     ax.set_xlim(-1.6, 1.6)
     ax.set_ylim(-1.45, 1.55)
     ax.set_aspect("equal")
@@ -59,7 +68,7 @@ def draw_step(ax, sim: ring.Simulation, step: int, small: bool = False) -> None:
                 ax.add_patch(Rectangle((x0 + k * cw / n, y - h / 2), cw / n, h, color=colour, lw=0))
             ax.add_patch(Rectangle((x0, y - h / 2), cw, h, fill=False, ec="black", lw=0.8))
         if not small:
-            ax.text(x, y + h / 2 + 0.05, f"rank {r}", ha="center", va="bottom", fontsize=9,
+            ax.text(x, y + h / 2 + 0.04, f"rank {r}", ha="center", va="bottom", fontsize=9 if n <= 6 else 8,
                     color=colors[r], weight="bold")
     if step > 0:
         for m in sim.steps[step - 1]:
@@ -91,8 +100,8 @@ def sent_so_far(sim: ring.Simulation, step: int) -> str:
 def ring_figure(sim: ring.Simulation, step: int, size: float = 4.6):
     fig, ax = plt.subplots(figsize=(size, size))
     draw_step(ax, sim, step)
-    ax.text(0, -1.4, f"{sim.algorithm}, N={sim.n}: {sent_so_far(sim, step)} "
-            f"(black: add into the chunk, grey: copy)", ha="center", fontsize=8)
+    ax.text(0, -1.4, f"{sim.algorithm}, N={sim.n}: {sent_so_far(sim, step)}\n"
+            f"arrows: black adds into the chunk, grey copies it", ha="center", va="top", fontsize=8)
     return fig
 
 
@@ -114,40 +123,96 @@ def ring_strip(n: int = 4, algorithm: str = "ring", sim: ring.Simulation | None 
     return fig
 
 
+RUN_IT = "run this cell to use the controls"
+
+
+def grid_min(value: float, lo: float, step: float) -> float:
+    """The smallest min at or below `lo` (and `value`) whose grid min + k*step passes through
+    `value`: a slider snaps its value to that grid, so a grid that misses it shows another number."""
+    lo = min(lo, value)
+    low = value - math.floor((value - lo) / step + 1e-9) * step
+    return lo if abs(low - lo) < 1e-9 * step else low  # on the grid already: keep the round number
+
+
+def runnable(W, children, name: str, hint: str = ""):
+    """A VBox of `children` that says, where no kernel draws it, what it is and to run its cell.
+
+    Its output carries the widget view and, beside it, this line as text/plain and text/html: a lab
+    with a kernel draws the controls; a stored notebook (ddp_lab.engine.workbook keeps the line and
+    drops the view), GitHub or nbviewer show the line."""
+    line = f"{name}: {RUN_IT}{hint}."
+
+    class Runnable(W.VBox):
+        def __repr__(self):
+            return line
+
+        def _repr_mimebundle_(self, **kwargs):
+            data = super()._repr_mimebundle_(**kwargs) or {}
+            return {**data, "text/plain": line, "text/html": f"<p>{html.escape(line)}</p>"}
+
+    return Runnable(children)
+
+
 def ring_stepper(n: int = 4, algorithm: str = "ring"):
-    """Slider (and play button) over the steps; choose N and the algorithm. Needs ipywidgets."""
+    """Slider (and play button) over the steps; choose N and the algorithm. Needs ipywidgets.
+
+    Every change draws the picture again from the controls' current values, so a quick series of
+    changes ends on the picture of the last one; End goes to the last step of what is shown."""
     import ipywidgets as W
     from IPython.display import display
 
-    algo = W.Dropdown(options=["ring", "ring_unchunked", "naive"], value=algorithm, description="algorithm")
-    ranks = W.IntSlider(value=n, min=2, max=8, description="N ranks")
+    algorithms = ["ring", "ring_unchunked", "naive"]
+    if algorithm not in algorithms or n < 2:
+        raise ValueError(f"ring_stepper(n={n}, algorithm={algorithm!r}): n is at least 2 ranks and the "
+                         f"algorithm one of {', '.join(algorithms)}")
+    algo = W.Dropdown(options=algorithms, value=algorithm, description="algorithm")
+    ranks = W.IntSlider(value=n, min=2, max=max(8, n), description="N ranks")
     step = W.IntSlider(value=0, min=0, max=1, description="step")
     play = W.Play(value=0, min=0, max=1, interval=900, description="play")
+    start, end = W.Button(description="Start"), W.Button(description="End")
     W.jslink((play, "value"), (step, "value"))
     out = W.Output(layout=W.Layout(min_height="480px"))
-    state = {"sim": None}
+    state = {"key": None, "sim": None, "drawn": None, "busy": False}
+
+    def current() -> ring.Simulation:
+        key = (ranks.value, algo.value)
+        if state["key"] != key:
+            state["key"], state["sim"] = key, simulation(*key)
+        return state["sim"]
 
     def rebuild(_=None):
-        state["sim"] = simulation(ranks.value, algo.value)
-        last = len(state["sim"].steps)
-        step.max = play.max = max(last, 1)
-        step.value = min(step.value, last)
+        last = max(len(current().steps), 1)
+        state["busy"] = True  # the moves below would each draw a stale picture
+        try:
+            if last > step.max:
+                step.max = play.max = last
+            else:
+                step.value, play.value = min(step.value, last), min(play.value, last)
+                step.max = play.max = last
+        finally:
+            state["busy"] = False
         redraw()
 
     def redraw(_=None):
+        if state["busy"]:
+            return
+        sim = current()
+        at = min(step.value, len(sim.steps))
+        fig = ring_figure(sim, at)
         with out:
             out.clear_output(wait=True)
-            fig = ring_figure(state["sim"], min(step.value, len(state["sim"].steps)))
             display(fig)
-            plt.close(fig)
+        plt.close(fig)
+        ax = fig.axes[0]
+        state["drawn"] = (ax.get_title(), ax.texts[-1].get_text())  # the step, and the algorithm and N
 
     algo.observe(rebuild, "value")
     ranks.observe(rebuild, "value")
     step.observe(redraw, "value")
+    start.on_click(lambda _: setattr(step, "value", 0))
+    end.on_click(lambda _: setattr(step, "value", len(current().steps)))
     rebuild()
-
-    class RingStepper(W.VBox):
-        def __repr__(self):  # what a notebook opened without a kernel shows instead of the widget
-            return "Ring-AllReduce stepper: run this cell for a slider over the steps (the strip below has all)"
-
-    return RingStepper([W.HBox([algo, ranks]), W.HBox([play, step]), out])
+    box = runnable(W, [W.HBox([algo, ranks]), W.HBox([play, step, start, end]), out],
+                   "Ring-AllReduce stepper", " (the strip below has every step)")
+    box.drawn = lambda: state["drawn"]  # the title and caption of the picture on screen
+    return box

@@ -11,6 +11,10 @@ the environment: nothing in the script is edited) and compare the ranks:
   replica-divergence  after every optimizer step, parameters (and buffers DDP does not
                       re-broadcast) are bitwise equal on every rank
   comm-per-step       one gradient all-reduce per optimizer step (accumulation uses no_sync)
+  lr-per-step         each LR scheduler steps at most once per optimizer step
+  eval-count          an all-reduced evaluation count does not include DistributedSampler's padding
+  same-noise          the ranks' augmentation differs (the generators it draws from are not seeded alike)
+  grad-scale          (--scaling) step 1's gradient on rank 0 equals a 1-rank run's on the same batch
   hang                a rank stopped making progress: the hang autopsy's diagnosis
   resume-mismatch     (--resume) killed at a step and relaunched, the script resumes from its
                       own checkpoint to the same parameters as an uninterrupted run (every launch
@@ -38,6 +42,8 @@ def add_arguments(p) -> None:
     p.add_argument("--timeout", type=float, default=300, help="seconds for each run before it counts as a hang")
     p.add_argument("--pg-timeout", type=float, default=30,
                    help="cap on the script's process-group timeout, seconds (a hang fails fast)")
+    p.add_argument("--scaling", action="store_true",
+                   help="also take step 1 on 1 rank, on rank 0's batches, and compare the gradient (1 more launch)")
     p.add_argument("--resume", action="store_true",
                    help="also run it to the end, kill every rank at a step, relaunch, compare (3 more launches)")
     p.add_argument("--kill-at-step", type=int, default=None, metavar="K",
@@ -62,4 +68,4 @@ def report_for(args):
     from ddp_lab.verify.runner import verify
     return verify(args.script, args.args, nproc=args.nproc, steps=args.steps, uneven=args.uneven,
                   timeout=args.timeout, pg_timeout=args.pg_timeout, keep=args.keep, resume=args.resume,
-                  kill_at=args.kill_at_step)
+                  kill_at=args.kill_at_step, scaling=getattr(args, "scaling", False))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-CATEGORIES = ("data-coverage", "replica-divergence", "comm-per-step", "resume-mismatch", "hang")
+CATEGORIES = ("data-coverage", "replica-divergence", "comm-per-step", "lr-per-step", "eval-count", "same-noise",
+              "grad-scale", "resume-mismatch", "hang")
 SHOW = 3  # tensors or indices named in a finding's evidence
 
 
@@ -302,13 +303,15 @@ def comm_per_step(records: dict, notes: list) -> list:
 # -- what was checked, and what cannot be ----------------------------------------------------------
 
 LIMITS = (  # what these checks cannot see, whatever the run: said beside a clean report
-    "augmentation noise or dropout masks drawn the same on every rank (one seed shared by every rank; "
-    "random numbers are not compared, only the indices each rank draws)",
-    "an LR scheduler stepped per micro-batch instead of per optimizer step (every rank does the same, "
-    "so the replicas still agree)",
+    "augmentation noise drawn the same on every rank in DataLoader workers, or from a generator of its "
+    "own (only torch's and Python's global generators are watched, in a single-process loader), and "
+    "dropout masks drawn the same on every rank",
+    "a learning rate set by hand per micro-batch (param_group['lr'] = ...) instead of by an LR scheduler, "
+    "or a scheduler stepped per micro-batch in a run of fewer than 3 optimizer steps",
     "a metric averaged as a mean of per-rank means, or a validation set that DistributedSampler pads "
-    "reduced as if exact (losses and metrics are not observed)",
-    "a loss scaled wrongly for the accumulation or the world size (the same on every rank)",
+    "reduced as if exact when its sample count is not all-reduced with torch.distributed.all_reduce "
+    "(losses and metrics themselves are not observed)",
+    "a loss scaled wrongly for the accumulation (the same on every rank)",
     "the sharding inside an IterableDataset (its indices are not seen)",
 )
 
@@ -341,7 +344,8 @@ def checked(records: dict, world: int) -> list:
         n = max(map(len, counted.values()))
         out.append(f"comm-per-step: the gradient all-reduces before {'each of ' if n > 1 else ''}"
                    f"{_count(n, 'step')} on {_count(len(counted), 'rank')} ({' or '.join(map(str, rounds))} per step)")
-    return out
+    from ddp_lab.verify import world as invariant
+    return out + invariant.checked(records)
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:
@@ -350,5 +354,7 @@ def _count(n: int, one: str, many: str | None = None) -> str:
 
 def analyse(records: dict, world: int, notes: list) -> list:
     """Every finding the records show, in CATEGORIES order."""
+    from ddp_lab.verify import world as invariant
     return (data_coverage(records, world, notes) + replica_divergence(records, notes)
-            + comm_per_step(records, notes))
+            + comm_per_step(records, notes) + invariant.lr_per_step(records, notes)
+            + invariant.eval_count(records, world, notes) + invariant.same_noise(records, world, notes))

@@ -51,7 +51,8 @@ class Report:
         if self.status == 0:  # a clean report says what it rests on
             lines += ["checked:"] * bool(self.checked) + [f"  - {c}" for c in self.checked]
             lines += ["cannot rule out:"] * bool(self.limits) + [f"  - {c}" for c in self.limits]
-        runs = ", ".join(f"{r['ranks']} ranks ({r['steps']} steps{', ' + r['what'] if 'what' in r else ''}"
+        runs = ", ".join(f"{r['ranks']} rank{'s' * (r['ranks'] != 1)} ({r['steps']} step{'s' * (r['steps'] != 1)}"
+                         f"{', ' + r['what'] if 'what' in r else ''}"
                          f"{' at step ' + str(r['from_step']) if r.get('from_step') else ''})" for r in self.runs)
         cats = sorted({f.category for f in self.findings})
         said = f"{len(self.findings)} finding{'s' if len(self.findings) != 1 else ''}" + \
@@ -62,9 +63,10 @@ class Report:
 
 def verify(script, args=(), nproc: int = 2, steps: int | None = None, uneven: bool = False,
            timeout: float = 300, pg_timeout: float = 30, keep: bool = False, resume: bool = False,
-           kill_at: int | None = None) -> Report:
+           kill_at: int | None = None, scaling: bool = False) -> Report:
     """Run `script` (a path) with `args` on nproc CPU ranks, and 3 more with uneven=True;
-    resume=True: also kill it at a step and relaunch it (ddp_lab.verify.resume)."""
+    resume=True: also kill it at a step and relaunch it (ddp_lab.verify.resume); scaling=True: also
+    take step 1 on 1 rank and compare its gradient and learning rate (ddp_lab.verify.world)."""
     start = time.monotonic()
     path = Path(script).expanduser().resolve()
     report = Report(str(script))
@@ -84,6 +86,16 @@ def verify(script, args=(), nproc: int = 2, steps: int | None = None, uneven: bo
             if error:
                 report.error = error
                 break
+        if scaling and not report.error:
+            if nproc == 1:
+                report.notes.append("grad-scale: --scaling compares with 1 rank, and the main run has 1 rank; "
+                                    "give --nproc 2 or more")
+            else:
+                from ddp_lab.verify import world as invariant
+                found = invariant.reference(path, list(args), nproc, timeout, pg_timeout, scratch / "world1",
+                                            report, full)
+                known = {f.category for f in report.findings}
+                report.findings += [f for f in found if f.category not in known]
         if resume and not report.error:
             from ddp_lab.verify import resume as resume_check
             report.findings += resume_check.check(path, list(args), nproc, steps, kill_at, timeout, pg_timeout,
@@ -91,6 +103,8 @@ def verify(script, args=(), nproc: int = 2, steps: int | None = None, uneven: bo
         report.limits = list(LIMITS) + [
             *([] if uneven else ["shards that break only when the world size does not divide the data set "
                                  "(--uneven runs 3 ranks too)"]),
+            *([] if scaling and nproc > 1 else ["a loss scaled with the world size, the same on every rank (--scaling "
+                                                "compares the gradient of step 1 with a 1-rank run's)"]),
             *([] if resume else ["a resume from the script's checkpoint that differs from the uninterrupted "
                                  "run (--resume)"])]
     finally:

@@ -6,6 +6,7 @@ reference is the accuracy over the 11 samples in one process; the wrong answers 
 value here, so the grader can say which one it got.
 """
 from ddp_lab.grade.core import Exercise, register
+from ddp_lab.lessons import plural
 
 N_SAMPLES = 11
 CORRECT = {0, 1, 2, 3, 5, 8, 9}  # sample 0, the one the sampler repeats, is classified right
@@ -44,9 +45,9 @@ def _wrong_answers(world) -> dict:
     acc = lambda idx: sum(i in CORRECT for i in idx) / len(idx)  # noqa: E731
     return {
         "padded": (sum(sum(i in CORRECT for i in s) for s in shards) / sum(map(len, shards)),
-                   f"the padding was counted: DistributedSampler repeats {sum(map(len, shards)) - N_SAMPLES} "
-                   f"sample(s) so that every rank gets as many; count only the first len(dataset) "
-                   f"indices (or drop the repeats) before you all-reduce [correct, count]"),
+                   f"the padding was counted: DistributedSampler repeats "
+                   f"{plural(sum(map(len, shards)) - N_SAMPLES, 'sample')} so that every rank gets as many; "
+                   f"count only the first len(dataset) indices (or drop the repeats) before you all-reduce [correct, count]"),
         "mean of means": (sum(acc(s) for s in shards) / world,
                           "a mean of the ranks' accuracies weighs every rank equally, padding included: "
                           "all-reduce [correct, count] and divide once"),

@@ -6,6 +6,7 @@ of the dataset, of sizes that differ by at most one; the order changes with the 
 across ranks) and, without shuffling, the lesson's sampling.exact_shard.
 """
 from ddp_lab.grade.core import Exercise, register
+from ddp_lab.lessons import plural
 
 CASES = [(11, 2), (297, 4), (10, 3), (64, 8)]  # (samples, ranks)
 SEED = 7
@@ -27,13 +28,13 @@ def _finding(c):
     flat = [i for shard in first for i in shard]
     twice, missing = len(flat) - len(set(flat)), sorted(set(range(n)) - set(flat))
     if twice and len(flat) == -(-n // w) * w and not missing:
-        return (f"{twice} sample(s) read twice: that is DistributedSampler's padding; an exact sampler "
+        return (f"{plural(twice, 'sample')} read twice: that is DistributedSampler's padding; an exact sampler "
                 f"gives shards that differ by one instead")
     if twice or (missing and shuffle and len(flat) >= n):
-        return (f"{twice} sample(s) read twice and {len(missing)} never: every rank must draw the same "
+        return (f"{plural(twice, 'sample')} read twice and {len(missing)} never: every rank must draw the same "
                 f"permutation (seed with seed + epoch, never the rank) and take its own share of it")
     if missing:
-        return f"{len(missing)} sample(s) never read (e.g. {missing[:3]}): an exact sampler drops nothing"
+        return f"{plural(len(missing), 'sample')} never read (e.g. {missing[:3]}): an exact sampler drops nothing"
     if max(map(len, first)) - min(map(len, first)) > 1:
         return f"shard sizes {[len(s) for s in first]}: balance them, sizes that differ by at most one"
     if not shuffle and first != [sampling.exact_shard(n, r, w) for r in range(w)]:

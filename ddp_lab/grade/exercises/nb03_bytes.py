@@ -2,13 +2,14 @@
 
 The reference is the ring simulated message by message (ddp_lab.lessons.ring.simulate), not a formula.
 """
-from ddp_lab.grade.core import Exercise, register
+from ddp_lab.grade.core import Exercise, as_given, register, shown
+from ddp_lab.lessons import plural
 
 CASES = [(8, 4), (10, 6), (1003, 3), (7, 2), (12, 5)]  # (float32 elements, ranks)
 
 
 def on_rank(answer, rank, world):
-    return {"cases": [[numel, n, [float(b) for b in answer(numel, n)]] for numel, n in CASES]}
+    return {"cases": [[numel, n, [as_given(b) for b in answer(numel, n)]] for numel, n in CASES]}
 
 
 def judge(per_rank):
@@ -21,7 +22,7 @@ def judge(per_rank):
         if len(got) == n and np.allclose(got, sim):
             continue
         if len(got) != n:
-            why = f"{len(got)} values for {n} ranks: return one number per rank"
+            why = f"{plural(len(got), 'value')} for {n} ranks: return one number per rank"
         elif np.allclose(got, [2 * (n - 1) / n * S] * n):
             why = ("2(N-1)/N·S for every rank, but N does not divide the tensor here: chunks differ by one "
                    "element (ring.chunk_bounds), and each rank skips sending two particular chunks")
@@ -29,7 +30,7 @@ def judge(per_rank):
             why = "(N-1)·S is the unchunked ring; the chunked ring sends one chunk of about S/N per step"
         else:
             why = "count the chunks each rank sends in the 2(N-1) steps, with their real sizes"
-        problems.append(f"{numel} elements on {n} ranks: you said {[round(b, 1) for b in got]} bytes, the "
+        problems.append(f"{numel} elements on {n} ranks: you said {shown(got)} bytes, the "
                         f"simulated ring sends {[int(b) for b in sim]}: {why}")
     return problems[:2]  # the first two cases that differ are evidence enough
 

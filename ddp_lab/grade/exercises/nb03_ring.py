@@ -80,7 +80,7 @@ def judge(per_rank):
             bad = [c for c, (lo, hi) in enumerate(ring.chunk_bounds(ref.size, n))
                    if not np.allclose(out[lo:hi], ref[lo:hi])]
             problems.append(
-                f"rank {r} differs from the mean in chunk(s) {bad} of {n} (max difference "
+                f"rank {r} differs from the mean in chunk{'s' * (len(bad) != 1)} {bad} of {n} (max difference "
                 f"{np.abs(out - ref).max():.3g}). In reduce-scatter step s, rank r sends chunk (r-s) % N "
                 f"to its right neighbour (r+1) % N and adds chunk (r-s-1) % N received from its left "
                 f"neighbour (r-1) % N; all-gather then copies instead of adding")

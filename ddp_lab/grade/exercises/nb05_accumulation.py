@@ -5,6 +5,7 @@ reference is a plain model (no DDP) that takes one SGD step per window on every 
 micro-batches at once: the big batch the accumulation stands for.
 """
 from ddp_lab.grade.core import Exercise, register
+from ddp_lab.lessons import plural
 
 K, BATCH, LR, WINDOWS = 4, 3, 0.1, 2
 
@@ -87,7 +88,7 @@ def judge(per_rank):
         counts = o["allreduces"]
         if counts != [1] * len(counts) and not problems:
             problems.append(
-                f"DDP all-reduced {counts[0]} time(s) in a window of {K} micro-batches on rank {r}, a correct "
+                f"DDP all-reduced {plural(counts[0], 'time')} in a window of {K} micro-batches on rank {r}, a correct "
                 f"loop does it once (the last micro-batch): no_sync() must wrap the forward as well as "
                 f"backward(), because DDP decides during forward whether the next backward syncs")
     return problems

@@ -5,6 +5,7 @@ the global batch, the per-rank batch must fit, and no plan with fewer micro-step
 (found by trying every accumulation count).
 """
 from ddp_lab.grade.core import Exercise, register
+from ddp_lab.lessons import plural
 
 CASES = [(512, 16, 64), (512, 4, 64), (1024, 8, 32), (768, 6, 40), (96, 3, 20)]  # (global, world, max)
 
@@ -26,13 +27,13 @@ def _finding(g, w, m, per_rank, steps):
     if per_rank * w * steps != g:
         if per_rank == g:
             return "the global batch is split across the ranks: each rank takes its share"
-        return (f"{per_rank} x {w} ranks x {steps} steps = {per_rank * w * steps} samples per optimizer "
-                f"step: per_rank x world x steps must equal the global batch")
+        return (f"{per_rank} x {plural(w, 'rank')} x {plural(steps, 'step')} = {per_rank * w * steps} samples "
+                f"per optimizer step: per_rank x world x steps must equal the global batch")
     if per_rank > m:
         return f"{per_rank} samples do not fit on a rank (at most {m}): accumulate over more micro-steps"
     best = _fewest(g, w, m)
     if steps > best:
-        return (f"{best} micro-step(s) of {g // (w * best)} per rank fit: the fewest micro-steps use the "
+        return (f"{plural(best, 'micro-step')} of {g // (w * best)} per rank fit: the fewest micro-steps use the "
                 f"devices best")
     return None
 
@@ -43,7 +44,7 @@ def judge(per_rank):
         why = _finding(g, w, m, p, k)
         if why:
             problems.append(f"global batch {g} on {w} ranks, at most {m} per rank: you said {p} per rank, "
-                            f"{k} step(s): {why}")
+                            f"{plural(k, 'step')}: {why}")
     return problems[:2]
 
 

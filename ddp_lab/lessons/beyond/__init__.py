@@ -37,6 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ddp_lab.lessons import plural
+
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3/FSDP"}
 
@@ -224,7 +226,7 @@ def table(param_counts=(1e9, 7e9, 70e9), world: int = 8, recipe: Recipe = RECIPE
     """Per-device GB (10^9 bytes) of weights + grads + optimizer state: persistent state only."""
     head = f"{'params':>8} | " + " | ".join(f"{LABELS[s]:>11}" for s in STRATEGIES)
     lines = [f"{recipe.name} ({recipe.layout}), {recipe.w}+{recipe.g}+{recipe.o} B/param, "
-             f"{world} devices: GB per device",
+             f"{plural(world, 'device')}: GB per device",
              f"(* = fits in {device_gb:g} GB, before activations and runtime buffers)", head, "-" * len(head)]
     for n in param_counts:
         cells = []
@@ -235,15 +237,24 @@ def table(param_counts=(1e9, 7e9, 70e9), world: int = 8, recipe: Recipe = RECIPE
     return "\n".join(lines)
 
 
-def calculator(params_b: float = 7.0, world: int = 8):
+# Model sizes the params slider offers (billions), besides the one the call asks for.
+SIZES_B = (0.1, 0.125, 0.35, 0.5, 0.77, 1, 1.3, 1.5, 2.7, 3, 6.7, 7, 8, 13, 30, 34, 65, 70, 175, 405, 1000)
+
+
+def calculator(params_b: float = 7.0, world: int = 8, device_gb: float = 80.0):
     """Sliders over parameters (billions), devices, recipe and device memory; prints table()'s row
-    and the per-kind split live. Without ipywidgets it prints the static table instead (notebooks
-    also print table() beside it, for handouts and viewers without a kernel)."""
+    and the per-kind split live. Every control starts at the call's value exactly (the params slider
+    steps through SIZES_B and params_b). Without ipywidgets it prints the static table instead
+    (notebooks also print table() beside it, for handouts and viewers without a kernel)."""
+    if params_b <= 0 or world < 1 or device_gb <= 0:
+        raise ValueError(f"calculator(params_b={params_b}, world={world}, device_gb={device_gb}): "
+                         f"give positive parameters (billions), devices and GB per device")
     try:
         import ipywidgets as W
     except ImportError:
         print(table(world=world))
         return None
+    from ddp_lab.lessons.widgets import grid_min, runnable
 
     def show(params_b, world, recipe, device_gb):
         r = RECIPES[recipe]
@@ -253,11 +264,14 @@ def calculator(params_b: float = 7.0, world: int = 8):
             print(f"  {LABELS[s]:<12} w {gb(d['w']):>7}  g {gb(d['g']):>7}  o {gb(d['o']):>7} GB"
                   f"  ({TOOLS.get(r.layout, {}).get(s, '-')})")
 
-    return W.interactive(show, params_b=W.FloatLogSlider(value=params_b, base=10, min=-1, max=3,
-                                                         description="params (B)"),
-                         world=W.IntSlider(value=world, min=1, max=1024, description="devices"),
+    sizes = sorted({*SIZES_B, params_b})
+    form = W.interactive(show, params_b=W.SelectionSlider(options=[(f"{b:g}", b) for b in sizes], value=params_b,
+                                                          description="params (B)"),
+                         world=W.IntSlider(value=world, min=1, max=max(1024, world), description="devices"),
                          recipe=W.Dropdown(options=list(RECIPES), value=DEFAULT),
-                         device_gb=W.FloatSlider(value=80, min=8, max=192, step=8, description="GB/device"))
+                         device_gb=W.FloatSlider(value=device_gb, min=grid_min(device_gb, 8, 8),
+                                                 max=max(192, device_gb), step=8, description="GB/device"))
+    return runnable(W, [form], "Memory calculator")
 
 
 # --- the model and data every strategy in notebook 09 trains ------------------------------------

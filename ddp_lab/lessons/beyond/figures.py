@@ -13,6 +13,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from ddp_lab.lessons import plural
+
 KINDS = ("params", "grads", "optim")
 COLORS = {"params": "#4c72b0", "grads": "#dd8452", "optim": "#55a868"}
 NAMES = {"ddp": "DDP", "zero1": "DDP+ZeRO-1", "fsdp": "FSDP2"}
@@ -96,7 +98,7 @@ def split_bytes(sweep: dict, ddp_bytes: float, world: int = 2):
     ax.minorticks_off()
     ax.set_xlabel("samples per step")
     ax.set_ylabel("MiB per step")
-    ax.set_title(f"What crosses between {world} devices per step", fontsize=9)
+    ax.set_title(f"What crosses between {plural(world, 'device')} per step", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

@@ -150,6 +150,7 @@ def why(run, row) -> str:
 def plot_rates(rows):
     """Bars: DDP's measured step at each rate, split into compute and the rest; dots: the model."""
     import matplotlib.pyplot as plt
+    from ddp_lab.lessons.figures import readable
     ddp = [r for r in rows if r["variant"] == "DDP"]
     fig, ax = plt.subplots(figsize=(7, 3.4))
     x = range(len(ddp))
@@ -159,24 +160,25 @@ def plot_rates(rows):
     ax.bar(x, rest, 0.5, bottom=compute, color="C3", label="the rest of the step: communication")
     ax.plot(x, [r["predicted"] * 1e3 for r in ddp], "ko", label="the model's step")
     for i, r in enumerate(ddp):
-        ax.text(i, r["measured"] * 1e3, f"{r['comm_share']:.0%}", ha="center", va="bottom", fontsize=8)
+        ax.text(i, r["measured"] * 1e3, f"{r['comm_share']:.0%}", ha="center", va="bottom", fontsize=9)
     ax.set_xticks(list(x), [r["rate"] for r in ddp])
     ax.set(yscale="log", ylabel="ms per step (log)", title="DDP on 2 nodes: the slower the link, the larger communication's share")
-    ax.legend(fontsize=8); ax.grid(alpha=0.3, axis="y")
-    return fig
+    ax.legend(fontsize=9); ax.grid(alpha=0.3, axis="y")
+    return readable(fig)
 
 
 def plot_remedies(rows, slow, fast):
     """Speed-up of each remedy over plain DDP, on the slow link and unshaped: bars measured, dots the model."""
     import matplotlib.pyplot as plt
+    from ddp_lab.lessons.figures import readable
     fig, ax = plt.subplots(figsize=(7.5, 3.4))
     for k, (rate, color) in enumerate(((slow, "C3"), (fast, "C0"))):
         f = factors(rows, rate)
         x = [i + (k - 0.5) * 0.38 for i in range(len(f))]
         ax.bar(x, [m for m, _ in f.values()], 0.36, color=color, label=f"measured, {rate}")
         ax.plot(x, [p for _, p in f.values()], "ko", ms=4, label="the model" if k else None)
-        ax.set_xticks(range(len(f)), list(f), fontsize=8)
+        ax.set_xticks(range(len(f)), list(f))
     ax.axhline(1, color="k", lw=0.8)
     ax.set(yscale="log", ylabel="speed-up over DDP (log)", title="Remedies pay on a slow link, not on a fast one")
-    ax.legend(fontsize=8); ax.grid(alpha=0.3, axis="y")
-    return fig
+    ax.legend(fontsize=9); ax.grid(alpha=0.3, axis="y")
+    return readable(fig)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from ddp_lab.lessons import costmodel
+from ddp_lab.lessons import costmodel, plural
 
 DIVIDES = ("data", "forward", "backward")      # per-rank work that shrinks with the batch shard
 FIXED = ("optimizer", "other")                  # the same on every rank, whatever N is
@@ -150,7 +150,7 @@ def cluster_table(params, n, compute_ms, overlap, links=None, grad_bytes=4, **kw
 
 def format_table(rows, n) -> str:
     scaling = rows[0].get("scaling", "weak") if rows else "weak"
-    lines = [f"{n} GPUs, {SCALINGS[scaling]}:",
+    lines = [f"{plural(n, 'GPU')}, {SCALINGS[scaling]}:",
              f"{'link (nominal bandwidth)':<28}{'α assumed':>10}{'comm ms':>9}{'exposed':>9}{'step ms':>9}"
              f"{'speedup':>9}{'eff.':>6}{'bf16 grads':>11}"]
     for r in rows:
@@ -164,29 +164,38 @@ def calculator_text(params=25.6e6, n=8, link="100 Gb/s Ethernet", compute_ms=200
     """What the calculator shows for these inputs (its update function)."""
     r = cluster(params, n, link, compute_ms, overlap, grad_bytes=grad_bytes, bucket_mb=bucket_mb,
                 scaling=scaling)
-    return (f"<pre>{n} GPUs, {SCALINGS[scaling]}: step {r['step_ms']:.1f} ms (all-reduce {r['comm_ms']:.1f} ms in {r['buckets']}"
-            f" bucket(s), {r['exposed_ms']:.1f} ms exposed; backward {r['backward_ms']:.1f} ms per GPU)\n"
+    return (f"<pre>{plural(n, 'GPU')}, {SCALINGS[scaling]}: step {r['step_ms']:.1f} ms (all-reduce "
+            f"{r['comm_ms']:.1f} ms in {plural(r['buckets'], 'bucket')}, {r['exposed_ms']:.1f} ms exposed; "
+            f"backward {r['backward_ms']:.1f} ms per GPU)\n"
             f"speedup {r['speedup']:.2f}x, scaling efficiency {r['efficiency']:.0%}</pre>")
 
 
 def _log_slider(W, value, base, lo, hi, step, **kw):
     """A FloatLogSlider whose grid (min + k*step) passes through `value`: the browser snaps the
     value to that grid, so a grid that misses it would show another number than the code's."""
+    from ddp_lab.lessons.widgets import grid_min
     exp = math.log(value, base)
-    lo = exp - math.floor((exp - lo) / step) * step
-    return W.FloatLogSlider(value=value, base=base, min=lo, max=hi, step=step, **kw)
+    return W.FloatLogSlider(value=value, base=base, min=grid_min(exp, lo, step), max=max(hi, exp), step=step, **kw)
 
 
-def calculator(params=25.6e6, n=8, compute_ms=200.0, overlap=0.7, bucket_mb=25.0, scaling="weak"):
-    """An ipywidgets form over cluster(); returns the widget (needs a running kernel)."""
+def calculator(params=25.6e6, n=8, compute_ms=200.0, overlap=0.7, bucket_mb=25.0, scaling="weak",
+               link="100 Gb/s Ethernet", grad_bytes=4):
+    """An ipywidgets form over cluster(); returns the widget (needs a running kernel). Every control
+    starts at the call's value exactly: each slider's grid passes through it."""
+    if min(params, n, compute_ms, bucket_mb) <= 0 or not 0 <= overlap <= 1 or link not in LINKS:
+        raise ValueError(f"calculator: params, n, compute_ms and bucket_mb are positive, overlap is in "
+                         f"[0, 1] and link one of {', '.join(LINKS)}")
     import ipywidgets as W
+    from ddp_lab.lessons.widgets import grid_min, runnable
 
     w = {"params": _log_slider(W, params, 10, 6, 10, 0.05, description="params"),
-         "n": W.IntSlider(value=n, min=1, max=64, description="GPUs"),
-         "link": W.Dropdown(options=list(LINKS), value="100 Gb/s Ethernet", description="link"),
-         "compute_ms": W.FloatSlider(value=compute_ms, min=5, max=2000, step=5, description="1-GPU ms"),
-         "overlap": W.FloatSlider(value=overlap, min=0, max=1, step=0.05, description="overlap"),
-         "grad_bytes": W.Dropdown(options=[("fp32 grads", 4), ("bf16 grads", 2)], value=4,
+         "n": W.IntSlider(value=n, min=1, max=max(64, n), description="GPUs"),
+         "link": W.Dropdown(options=list(LINKS), value=link, description="link"),
+         "compute_ms": W.FloatSlider(value=compute_ms, min=grid_min(compute_ms, 5, 5), max=max(2000, compute_ms),
+                                     step=5, description="1-GPU ms"),
+         "overlap": W.FloatSlider(value=overlap, min=grid_min(overlap, 0, 0.05), max=1, step=0.05,
+                                  description="overlap"),
+         "grad_bytes": W.Dropdown(options=[("fp32 grads", 4), ("bf16 grads", 2)], value=grad_bytes,
                                   description="gradients"),
          "bucket_mb": _log_slider(W, bucket_mb, 2, 0, 9, 0.25, description="bucket MB"),
          "scaling": W.Dropdown(options=[(SCALINGS[k], k) for k in SCALINGS], value=scaling,
@@ -199,4 +208,4 @@ def calculator(params=25.6e6, n=8, compute_ms=200.0, overlap=0.7, bucket_mb=25.0
     for v in w.values():
         v.observe(show, "value")
     show()
-    return W.VBox([*w.values(), out])
+    return runnable(W, [*w.values(), out], "What-if calculator")

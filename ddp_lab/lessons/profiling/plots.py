@@ -4,7 +4,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ddp_lab.lessons import profiling
+from ddp_lab.lessons import plural, profiling
+from ddp_lab.lessons.figures import readable
 
 COLORS = {"data": "#4C72B0", "forward": "#55A868", "backward": "#8FBC8F", "backward span": "#E5F2E5",
           "optimizer": "#8172B3", "all-reduce": "#C44E52", "exposed comm": "#C44E52", "other": "#BBBBBB"}
@@ -35,8 +36,8 @@ def timeline(run: dict, first: int = 0, count: int = 2, title: str = "", ax=None
     ax.legend(handles, ["data", "forward", "backward compute", "backward (waiting, engine)", "optimizer",
                         "all-reduce (gloo thread)"], fontsize=7, ncol=6, loc="upper center",
               bbox_to_anchor=(0.5, -0.28 if len(ranks) < 3 else -0.18))
-    ax.set_title(title, fontsize=10)
-    ax.figure.tight_layout()
+    ax.set_title(title, fontsize=11)
+    readable(ax.figure).tight_layout()
     return ax.figure
 
 
@@ -57,8 +58,8 @@ def budget_bars(rows):
     ax.set_ylabel("% of the traced step")
     ax.set_title("Step budget per configuration (above: traced step, and samples/s measured without "
                  "the profiler)", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    readable(fig).tight_layout()
     return fig
 
 
@@ -70,14 +71,14 @@ def scaling(ns, measured: dict, predicted: dict, predicted_cores: dict, cores: i
         ax.plot(ns, np.array(measured[name]) * 1e3, "ko-", label="measured (median step)")
         ax.plot(ns, np.array(predicted[name]) * 1e3, "s--", color="#4C72B0", label="model: a device per rank")
         ax.plot(ns, np.array(predicted_cores[name]) * 1e3, "^:", color="#DD8452",
-                label=f"model: ranks share {cores} cores")
+                label=f"model: ranks share {plural(cores, 'core')}")
         ax.set_xticks(ns)
         ax.set_xlabel("ranks N (same global batch)")
         ax.set_ylabel("ms per step")
         ax.set_title(f"{name} model", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+        ax.legend(fontsize=9)
+    readable(fig).tight_layout()
     return fig
 
 
@@ -91,7 +92,7 @@ def cluster_speedups(rows_by_case: dict, n: int):
     ax.axvline(n, color="black", ls="--", lw=1, label=f"ideal {n}x")
     ax.set_yticks(np.arange(len(links)) + width * (len(rows_by_case) - 1) / 2, links, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel(f"predicted speedup on {n} GPUs (nominal bandwidths, assumed latencies: not measured here)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
+    ax.set_xlabel(f"predicted speedup on {plural(n, 'GPU')} (nominal bandwidths, assumed latencies: not measured here)")
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    readable(fig).tight_layout()
     return fig

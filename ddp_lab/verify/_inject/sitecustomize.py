@@ -23,6 +23,10 @@ imports torch and wraps, without changing what they compute:
 - the script's line at each of these hooks (file:line of the innermost frame outside torch, the
   standard library and installed packages): the line that started each pass, each optimizer step,
   each all-reduce round (the backward() that made it), so findings can name it;
+- before step 1: each parameter tensor's gradient norm, this rank's own (in the comm hook, before
+  the all-reduce) and the averaged one, and the batches the step drew; with DDP_LAB_VERIFY_FEED (a
+  JSON file: loader, pass, items) that pass starts with those batches instead (verify --scaling);
+- LR schedulers' steps and the script's small all-reduces: _ddp_lab_verify_world.py;
 - init_process_group: its timeout capped at DDP_LAB_VERIFY_PG_TIMEOUT seconds, so a hang fails fast;
 - the working directory: a rank starts in DDP_LAB_VERIFY_WORKDIR (verify's scratch folder).
 
@@ -68,6 +72,10 @@ class _Observer:
         self.kill_at = int(os.environ.get("DDP_LAB_VERIFY_KILL_AT") or 0)
         self.files = os.environ.get("DDP_LAB_VERIFY_FILES") == "1" and rank == 0
         self.current = None      # (weakref to the loader iterator of the latest pass, its order)
+        self.current_pass = None  # (loader number, pass number) of the latest pass
+        self.local = {}          # id(param) -> norm of this rank's own gradient before step 1
+        feed = os.environ.get("DDP_LAB_VERIFY_FEED")  # the batches step 1 draws (verify --scaling)
+        self.feed = json.load(open(feed)) if feed else None
         self.pre = {}
         self.steps = 0
         self.rounds = 0          # gradient all-reduce rounds (last bucket seen) since the last step
@@ -91,21 +99,27 @@ class _Observer:
         if isinstance(loader.dataset, tud.IterableDataset):
             return
         import weakref
-        order = list(it._sampler_iter)
-        it._sampler_iter = iter(order)
-        self.current = (weakref.ref(it), order)
-        flat = []
-        for item in order:
-            flat.extend(item if isinstance(item, (list, tuple)) else [item])
         entry = self.loaders.setdefault(id(loader.dataset), [len(self.loaders), 0, loader.dataset])
         number, passes = entry[0], entry[1]
         entry[1] += 1
+        order = list(it._sampler_iter)
+        feed = self.feed
+        if feed and (feed["loader"], feed["pass"]) == (number, passes):  # --scaling's 1-rank run:
+            order = feed["items"] + order[len(feed["items"]):]           # step 1 on rank 0's batches
+        it._sampler_iter = iter(order)
+        self.current = (weakref.ref(it), order)
+        self.current_pass = (number, passes)
+        it._ddp_lab_pass = (number, passes)
+        flat = []
+        for item in order:
+            flat.extend(item if isinstance(item, (list, tuple)) else [item])
         dataset, mapped = _to_base(tud, loader.dataset, flat)
         sampler = loader.sampler
         info = {"type": type(sampler).__name__}
         if isinstance(sampler, tud.DistributedSampler):
             info.update(rank=sampler.rank, num_replicas=sampler.num_replicas, epoch=sampler.epoch,
-                        shuffle=sampler.shuffle, drop_last=sampler.drop_last, seed=sampler.seed)
+                        shuffle=sampler.shuffle, drop_last=sampler.drop_last, seed=sampler.seed,
+                        total_size=sampler.total_size, length=len(sampler.dataset))
         try:
             size = len(dataset)
         except TypeError:
@@ -122,6 +136,9 @@ class _Observer:
             try:
                 self.buckets += 1
                 buf = bucket.buffer()
+                if self.steps == 0:  # this rank's own gradient of step 1, before it is averaged
+                    for p, g in zip(bucket.parameters(), bucket.gradients()):
+                        self.local[id(p)] = float(g.detach().norm())
                 self.bytes += buf.numel() * buf.element_size()
                 if bucket.is_last():
                     self.rounds += 1
@@ -152,6 +169,8 @@ class _Observer:
                 for key, value in sorted(optimizer.state.get(p, {}).items()):
                     state.update(f"{key}={_digest(hashlib, torch, value) if torch.is_tensor(value) else value}".encode())
         self.pre = {"pre_params": params.hexdigest(), "pre_opt": state.hexdigest(), "at": _user_line()}
+        if self.steps == 0:
+            self.first_step(optimizer)
         if self.current is not None:  # the batch this step was computed on: the latest one drawn
             it, order = self.current[0](), self.current[1]
             done = getattr(it, "_num_yielded", 0) if it is not None else 0
@@ -160,6 +179,27 @@ class _Observer:
                 batch = [int(i) for i in (batch if isinstance(batch, (list, tuple)) else [batch])]
                 self.pre["batch"] = hashlib.blake2b(str(batch).encode(), digest_size=8).hexdigest()
                 self.pre["batch_head"] = batch[:3]
+
+    def first_step(self, optimizer):
+        """Before step 1: the gradient norm of each parameter tensor (what the optimizer sees, and
+        this rank's own before the all-reduce) and the batches the step drew (verify --scaling)."""
+        names = {}
+        for ddp in self.ddp:
+            names.update({id(p): n for n, p in ddp.module.named_parameters()})
+        grad = {}
+        for g, group in enumerate(optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                if p.grad is not None:
+                    grad[names.get(id(p), f"param_groups[{g}][{i}]")] = float(p.grad.detach().norm())
+        self.pre["grad"] = grad
+        self.pre["grad_local"] = {names[k]: v for k, v in self.local.items() if k in names}
+        if self.current is not None and self.current_pass is not None:
+            it, order = self.current[0](), self.current[1]
+            done = getattr(it, "_num_yielded", 0) if it is not None else 0
+            drawn = sum(len(x) if isinstance(x, (list, tuple)) else 1 for x in order[:done])
+            if 0 < done <= len(order) and drawn <= MAX_INDICES:
+                items = [[int(i) for i in x] if isinstance(x, (list, tuple)) else int(x) for x in order[:done]]
+                self.pre["drawn"] = {"loader": self.current_pass[0], "pass": self.current_pass[1], "items": items}
 
     def wrote_files(self):
         for _, _, names in os.walk(os.environ.get(WORKDIR) or os.getcwd()):
@@ -344,6 +384,8 @@ def _patch(obs):
     DDP._match_all_reduce_for_bwd_pass = _match_all_reduce_for_bwd_pass
 
     register_optimizer_step_pre_hook(lambda opt, args, kwargs: safe(obs.before_step, opt))
+    import _ddp_lab_verify_world  # what must not depend on the world size: schedulers, small all-reduces
+    _ddp_lab_verify_world.patch(obs, safe, _user_line)
     register_optimizer_step_post_hook(lambda opt, args, kwargs: safe(obs.after_step, opt))
 
     cap = float(os.environ.get("DDP_LAB_VERIFY_PG_TIMEOUT") or 0)

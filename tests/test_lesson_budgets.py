@@ -1,0 +1,116 @@
+"""The lessons' reading budget, checked from the notebooks' JSON (nothing runs): no markdown cell
+longer than a screenful, a "What you can now do" list in every lesson, and every term of
+docs/terms.json defined at or before its first use, in the README's teaching order."""
+import functools
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+LIMIT = 1500                                  # characters in one markdown cell
+NOT_YET_SPLIT = {"10_laptop_to_cluster.ipynb"}  # being split
+ORDER = re.findall(r"\]\(notebooks/([0-9][^)/]*\.ipynb)\)", (ROOT / "README.md").read_text(encoding="utf-8"))
+LESSONS = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
+TERMS = {k: v for k, v in json.loads((ROOT / "docs" / "terms.json").read_text(encoding="utf-8")).items()
+         if not k.startswith("_")}
+GPU_BOX = "### On a GPU cluster"
+
+
+@functools.lru_cache(maxsize=None)
+def cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def markdown(path: Path) -> list[str]:
+    return ["".join(c["source"]) for c in cells(path) if c["cell_type"] == "markdown"]
+
+
+def texts(cell: dict) -> list[str]:
+    """A cell's source, and for a code cell the text it printed."""
+    out = ["".join(cell["source"])]
+    for o in cell.get("outputs", []):
+        out.append("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", "")))
+    return out
+
+
+def test_the_readme_orders_every_lesson():
+    assert sorted(ORDER) == [p.name for p in LESSONS], "the README's notebook map and notebooks/ differ"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_no_markdown_cell_is_longer_than_the_budget(lesson):
+    if lesson.name in NOT_YET_SPLIT:
+        pytest.skip("being split")
+    long = [f"markdown cell {i} ({len(s)} characters): {s[:60]!r}" for i, s in enumerate(markdown(lesson))
+            if len(s) > LIMIT]
+    assert not long, f"{lesson.name}: split these at a heading or between paragraphs:\n  " + "\n  ".join(long)
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_every_lesson_says_what_you_can_now_do(lesson):
+    if lesson.name in NOT_YET_SPLIT:
+        pytest.skip("being split")
+    found = [s for s in markdown(lesson) if re.search(r"^#{2,3} What you can now do\s*$", s, re.M)]
+    assert len(found) == 1, f"{lesson.name}: expected one 'What you can now do' heading, found {len(found)}"
+    bullets = re.findall(r"^- \S", found[0], re.M)
+    assert 3 <= len(bullets) <= 5, f"{lesson.name}: 'What you can now do' has {len(bullets)} bullets, not 3-5"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_a_gpu_box_split_over_cells_marks_every_statement(lesson):
+    """A GPU box longer than one cell goes on in the markdown cells after it, up to the next heading:
+    each statement there is marked measured here, documented or expected, as in its first cell."""
+    md = markdown(lesson)
+    starts = [i for i, s in enumerate(md) if GPU_BOX in s]
+    if not starts:
+        pytest.skip("no GPU box")
+    following = []
+    for s in md[starts[0] + 1:]:
+        if s.lstrip().startswith("#") or not s.lstrip().startswith(("- ", "<!--")):
+            break
+        following.append(s)
+    for s in following:
+        for item in re.findall(r"^\s*[-*] (.+(?:\n(?!\s*[-*] ).+)*)", s, flags=re.M):
+            assert re.search(r"measured here|documented|expected", item, re.I), \
+                f"{lesson.name}: a GPU statement says neither measured here, documented nor expected:\n{item}"
+
+
+def first(pattern: str, where: str) -> tuple[int, int, str] | None:
+    """(lesson, cell, name) of the first cell in teaching order that matches, searching
+    markdown only ('definition') or every source and output ('use')."""
+    regex = re.compile(pattern)
+    for n, name in enumerate(ORDER):
+        for i, cell in enumerate(cells(NOTEBOOKS / name)):
+            if where == "definition" and cell["cell_type"] != "markdown":
+                continue
+            if any(regex.search(t) for t in texts(cell)):
+                return n, i, name
+    return None
+
+
+def test_the_term_list_names_the_terms_it_must():
+    names = " ".join(TERMS).lower()
+    for term in ("busbw", "comm hook", "bucket", "no_sync", "flight recorder"):
+        assert term in names, f"docs/terms.json has no entry for {term!r}"
+    for term, spec in TERMS.items():
+        assert set(spec) == {"definition", "use"}, f"docs/terms.json: {term!r} needs 'definition' and 'use'"
+
+
+@pytest.mark.parametrize("term", sorted(TERMS))
+def test_each_term_is_defined_before_it_is_used(term):
+    spec = TERMS[term]
+    use, definition = first(spec["use"], "use"), first(spec["definition"], "definition")
+    assert use is not None, f"{term!r} is used nowhere: drop it from docs/terms.json or fix its 'use' pattern"
+    assert definition is not None, f"{term!r} is used in {use[2]} (cell {use[1]}) but never defined"
+    assert definition[:2] <= use[:2], (
+        f"{term!r} is first used in {use[2]}, cell {use[1]}, but defined only in {definition[2]}, "
+        f"cell {definition[1]}: define it at or before its first use")
+
+
+def test_the_order_check_catches_a_use_before_the_definition():
+    assert first(r"\A# 00 ", "use")[:2] == (0, 0)
+    assert first(r"\A# 01 ", "definition")[:2] == (1, 0)
+    assert first(r"(?!x)x", "use") is None

@@ -1,0 +1,201 @@
+"""A local launch listens on loopback only: its processes run in a private network namespace
+(ddp_lab.engine.private). One real 2-rank launch, held open while the machine's listening
+sockets are read from /proc; the rest are unit tests of wrap(), mode() and the launch's spawn."""
+import ipaddress
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ddp_lab.engine import launch, private
+
+# Each rank records its pid, says it is up (its process group, hence torchrun's store, exists),
+# then waits for the test to read the sockets and open the gate.
+PROGRAM = """
+import os, sys, time
+from pathlib import Path
+from ddp_lab.engine import runtime
+gate = Path(sys.argv[1])
+with runtime.distributed() as ctx:
+    ctx.record(kind="pid", pid=os.getpid())
+    (gate / f"ready{ctx.rank}").write_text(str(os.getpid()))
+    end = time.monotonic() + 240
+    while not (gate / "open").exists() and time.monotonic() < end:
+        time.sleep(0.1)
+"""
+
+
+def listening(net: str) -> dict[int, tuple]:
+    """Listening TCP sockets of a network namespace: {inode: (address, port)}, from NET/tcp and
+    NET/tcp6 (/proc/net: this process's namespace; /proc/PID/net: that process's)."""
+    found = {}
+    for name, size in (("tcp", 4), ("tcp6", 16)):
+        path = Path(net) / name
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A":  # TCP_LISTEN
+                continue
+            addr_hex, port_hex = fields[1].split(":")
+            raw = bytes.fromhex(addr_hex)  # 32-bit words, each in host (little-endian) order
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, size, 4))
+            found[int(fields[9])] = (ipaddress.ip_address(raw), int(port_hex, 16))
+    return found
+
+
+def loopback(addr) -> bool:
+    return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
+
+
+def socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    except OSError:  # the process ended, or the fd closed, while we looked
+        pass
+    return inodes
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """One 2-rank launch; while both ranks are up: the job's pids, their socket inodes, the
+    listening sockets of this namespace and of the job's; then the Run."""
+    gate = tmp_path_factory.mktemp("gate")
+    program = gate / "hold.py"
+    program.write_text(PROGRAM)
+    result = {}
+
+    def run():
+        try:
+            result["run"] = launch.torchrun(str(program), nproc=2, args=[gate], timeout=300, stream=False)
+        except Exception as e:  # noqa: BLE001 - reported by the tests
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 280
+    while not all((gate / f"ready{r}").exists() for r in (0, 1)):
+        assert t.is_alive() and time.monotonic() < deadline, f"the ranks never came up: {result}"
+        time.sleep(0.2)
+    time.sleep(0.5)  # the agent's store was up before the ranks' process group; let it settle
+    pids = [p.pid for p in psutil.Process().children(recursive=True)]
+    seen = {"pids": pids, "inodes": set().union(*map(socket_inodes, pids)),
+            "host": listening("/proc/net"), "ns": {}}
+    for pid in pids:
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net"):
+                seen["ns"] = listening(f"/proc/{pid}/net")
+                break
+        except OSError:
+            pass
+    (gate / "open").write_text("")
+    t.join(timeout=300)
+    seen.update(result)
+    return seen
+
+
+def test_the_launch_returns_every_rank_record(job):
+    assert "error" not in job, job.get("error")
+    assert sorted(r["rank"] for r in job["run"].select(kind="pid")) == [0, 1]
+
+
+def test_no_listener_of_the_job_is_reachable_from_the_network(job):
+    if not private.available():
+        pytest.skip(f"launches: {private.mode()}")
+    exposed = {i: a for i, a in job["host"].items() if i in job["inodes"] and not loopback(a[0])}
+    assert not exposed, f"the job listens on the machine's network: {exposed}"
+
+
+def test_in_private_mode_the_job_listens_only_in_its_own_namespace(job):
+    if not private.available():
+        pytest.skip(f"launches: {private.mode()}")
+    assert not set(job["host"]) & job["inodes"], "a listener of the job is in the machine's namespace"
+    # ...yet the job does listen (torchrun's store, gloo), on the loopback of its own namespace
+    assert set(job["ns"]) & job["inodes"], f"no listener of the job found in its namespace: {job['ns']}"
+
+
+# --- the mechanism, without a launch -----------------------------------------------------
+def test_wrap_puts_the_command_in_a_namespace_with_loopback_up(monkeypatch):
+    monkeypatch.delenv(private.OFF_ENV, raising=False)
+    monkeypatch.setattr(private, "_probe", lambda: (("unshare", "--net"), ""))
+    assert private.wrap(["python", "x.py", 3]) == ["unshare", "--net", "--", "sh", "-c", private.LO_UP,
+                                                   "sh", "python", "x.py", "3"]
+    assert private.wrap(["python", "x.py"], network=True) == ["python", "x.py"]
+    assert private.mode() == private.PRIVATE
+
+
+def test_mode_says_why_there_is_no_private_namespace(monkeypatch):
+    monkeypatch.delenv(private.OFF_ENV, raising=False)
+    monkeypatch.setattr(private, "_probe", lambda: (None, "no unshare here (install util-linux)"))
+    assert private.wrap(["python", "x.py"]) == ["python", "x.py"] and not private.available()
+    assert "install util-linux" in private.mode() and "every interface" in private.mode()
+    monkeypatch.setenv(private.OFF_ENV, "off")
+    assert f"{private.OFF_ENV}=off" in private.mode()
+
+
+@pytest.mark.skipif(not private.available(), reason=f"launches: {private.mode()}")
+def test_a_wrapped_command_keeps_its_pid_and_sees_only_loopback():
+    p = subprocess.Popen(private.wrap([sys.executable, "-c", "import os; print(os.getpid())"]),
+                         stdout=subprocess.PIPE, text=True)
+    assert int(p.communicate(timeout=60)[0]) == p.pid  # the launcher's kill and timeout reach it
+    links = subprocess.run(private.wrap(["ip", "-o", "link"]), capture_output=True, text=True, timeout=60)
+    assert [line.split(":")[1].strip() for line in links.stdout.splitlines()] == ["lo"]
+    assert "UP" in links.stdout
+
+
+def _spawned(monkeypatch, **kwargs) -> list:
+    """The commands launch.torchrun starts, with their environments: [(cmd, env)], each replaced
+    by a process that does nothing."""
+    seen, real = [], subprocess.Popen
+
+    def fake(cmd, **kw):
+        if not isinstance(cmd, list) or cmd[0] not in (sys.executable, "unshare", "nsenter"):
+            return real(cmd, **kw)   # not the launch's: e.g. ctypes asking /sbin/ldconfig for a library
+        seen.append((cmd, kw["env"]))
+        return real([sys.executable, "-c", "pass"], **kw)
+
+    monkeypatch.setattr(launch.subprocess, "Popen", fake)
+    monkeypatch.setenv("DDP_LAB_AUTOPSY", "0")
+    launch.torchrun("-m ddp_lab.experiments.nb00_hello", **{"stream": False, **kwargs})
+    return seen
+
+
+def test_off_launches_exactly_as_before(monkeypatch):
+    monkeypatch.setenv(private.OFF_ENV, "off")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    [(cmd, env)] = _spawned(monkeypatch)
+    assert "GLOO_SOCKET_IFNAME" not in env
+    assert cmd[:3] == [sys.executable, "-m", "ddp_lab.engine._reaper"] and "unshare" not in cmd
+    assert private.Shared().enter(["x"]) == ["x"]
+
+
+@pytest.mark.skipif(not private.available(), reason=f"launches: {private.mode()}")
+def test_local_launches_are_wrapped_and_a_download_keeps_the_network(monkeypatch, capsys):
+    monkeypatch.delenv(private.OFF_ENV, raising=False)
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    [(one, env)] = _spawned(monkeypatch)
+    assert env["GLOO_SOCKET_IFNAME"] == "lo"  # the namespace has no other interface
+    after = one[one.index(private.LO_UP) + 2:]  # sh -c LO_UP sh CMD...
+    assert one[0] == "unshare" and after[:3] == [sys.executable, "-m", "ddp_lab.engine._reaper"]
+    nodes = [cmd for cmd, _ in _spawned(monkeypatch, nproc=1, nnodes=2)]  # both nodes join one namespace
+    assert [c[0] for c in nodes] == ["nsenter", "nsenter"] and nodes[0][2] == nodes[1][2]
+    [(download, _)] = _spawned(monkeypatch, args=["--download"], stream=True)
+    assert download[0] == sys.executable
+    assert "--download: this job keeps the machine's network" in capsys.readouterr().out
+
+
+def test_torchs_warning_about_the_namespaces_missing_dns_stays_in_the_log_only():
+    out = launch._Output(False, hide=private.NO_DNS_WARNINGS)
+    warning = "[W1205 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3"
+    for text in (warning, "step 1"):
+        out.feed(f"<{out.token}:0>{text}", (0, "err"))
+    assert out.rank_lines == {0: ["step 1"]} and f"[0]:{warning}" in out.lines
