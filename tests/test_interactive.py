@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import alive, wait_until
+from conftest import alive, listening, loopback, socket_inodes, wait_until
 
 pytest.importorskip("ipyparallel", reason="interactive ranks need ipyparallel")
 from ddp_lab.engine import interactive  # noqa: E402
@@ -47,6 +47,12 @@ def test_ranks_share_one_process_group_and_stop_ends_every_engine():
         assert len(set(pids)) == 2 and os.getpid() not in pids
         family = {p.pid for p in with_env(ranks.cluster_id)}
         assert set(pids) < family  # guardian, cluster, controller, engines and their nannies
+        # Nothing of theirs listens on the network: the controller, and rank 0's store, on loopback only
+        theirs = set().union(*map(socket_inodes, family))
+        listeners = {i: a for i, a in listening("/proc/net").items() if i in theirs}
+        assert listeners, "no listener of the ranks found (the store, the controller)"
+        exposed = {i: a for i, a in listeners.items() if not loopback(a[0])}
+        assert not exposed, f"the live ranks listen on the machine's network: {exposed}"
         assert ranks.gather("rank") == [0, 1]
         assert ranks.gather("dist.get_world_size()") == [2, 2]
         assert ranks.gather("dist.get_backend()") == ["gloo", "gloo"]

@@ -1,7 +1,6 @@
 """A local launch listens on loopback only: its processes run in a private network namespace
 (ddp_lab.engine.private). One real 2-rank launch, held open while the machine's listening
 sockets are read from /proc; the rest are unit tests of wrap(), mode() and the launch's spawn."""
-import ipaddress
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import listening, loopback, socket_inodes
 from ddp_lab.engine import launch, private
 
 # Each rank records its pid, says it is up (its process group, hence torchrun's store, exists),
@@ -28,41 +28,6 @@ with runtime.distributed() as ctx:
     while not (gate / "open").exists() and time.monotonic() < end:
         time.sleep(0.1)
 """
-
-
-def listening(net: str) -> dict[int, tuple]:
-    """Listening TCP sockets of a network namespace: {inode: (address, port)}, from NET/tcp and
-    NET/tcp6 (/proc/net: this process's namespace; /proc/PID/net: that process's)."""
-    found = {}
-    for name, size in (("tcp", 4), ("tcp6", 16)):
-        path = Path(net) / name
-        if not path.exists():
-            continue
-        for line in path.read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] != "0A":  # TCP_LISTEN
-                continue
-            addr_hex, port_hex = fields[1].split(":")
-            raw = bytes.fromhex(addr_hex)  # 32-bit words, each in host (little-endian) order
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, size, 4))
-            found[int(fields[9])] = (ipaddress.ip_address(raw), int(port_hex, 16))
-    return found
-
-
-def loopback(addr) -> bool:
-    return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
-
-
-def socket_inodes(pid: int) -> set[int]:
-    inodes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if target.startswith("socket:["):
-                inodes.add(int(target[8:-1]))
-    except OSError:  # the process ended, or the fd closed, while we looked
-        pass
-    return inodes
 
 
 @pytest.fixture(scope="module")

@@ -88,11 +88,16 @@ class Table:
 
 def _join_code(rank: int, world: int, port: int, backend: str, timeout: float) -> str:
     return f"""
-import datetime, os, torch, torch.distributed as dist
+import datetime, os, socket, torch, torch.distributed as dist
 rank, world_size = {rank}, {world}
 local_rank = {rank}  # every rank lives on this machine; on a cluster: int(os.environ["LOCAL_RANK"])
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}", RANK="{rank}",
                   WORLD_SIZE="{world}", LOCAL_RANK="{rank}")
+wait = datetime.timedelta(seconds={timeout})
+# Rank 0 serves the group's store. Left to open its own socket, the store listens on every
+# interface of the machine; handed one bound to loopback, it is reachable from this machine only.
+listen_fd = socket.create_server(("127.0.0.1", {port})).detach() if rank == 0 else None
+store = dist.TCPStore("127.0.0.1", {port}, world_size, rank == 0, timeout=wait, master_listen_fd=listen_fd)
 bound = {{}}
 if "{backend}" == "nccl":
     device = torch.device("cuda", local_rank)  # the GPU by local rank, never by global rank
@@ -100,9 +105,8 @@ if "{backend}" == "nccl":
     bound = {{"device_id": device}}            # NCCL binds it at once, and barrier() knows it
 else:
     device = torch.device("cpu")
-dist.init_process_group("{backend}", rank=rank, world_size=world_size,
-                        timeout=datetime.timedelta(seconds={timeout}), **bound)
-del bound
+dist.init_process_group("{backend}", store=store, rank=rank, world_size=world_size, timeout=wait, **bound)
+del bound, listen_fd
 get_ipython().InteractiveTB.set_mode("Plain")  # a rank's error: each frame in two lines
 """
 
