@@ -9,8 +9,8 @@
 2. Every notebook that launches programs (solutions included), --passes times in a row under
    nbval, as `make test` runs them.
 3. The tests that start processes on the newer paths (the hang autopsy of six kinds of hang, the
-   NaN skip and clipping, resume on shared and unshared storage, the exit-time release), --passes
-   times in a row under pytest.
+   NaN skip and clipping, resume on shared and unshared storage, the exit-time release, what a
+   launch and the live ranks listen on), --passes times in a row under pytest.
 4. The browser tests (tests/e2e: JupyterLab in headless Chromium), --e2e-passes times in a row.
 5. scripts/slurm_ddp.sbatch submitted --slurm-runs times in a row to one localhost SLURM of two
    nodes (ddp_lab.engine.slurm; where it cannot start, the line says why and nothing is counted).
@@ -124,7 +124,8 @@ PROCESS_TESTS = ("tests/test_autopsy.py", "tests/test_train_ddp_steps.py",
                  "tests/test_train_ddp_resume.py", "tests/test_train_ddp_resume_shared.py",
                  "tests/test_exit_release.py", "tests/test_launch_rootcause.py",
                  "tests/test_train_ddp_dcp.py", "tests/test_grade.py", "tests/test_verify.py",
-                 "tests/test_verify_ladder.py", "tests/test_netcluster.py")
+                 "tests/test_verify_ladder.py", "tests/test_netcluster.py", "tests/test_private_ports.py",
+                 "tests/test_interactive.py")
 
 
 def stress_tests(passes: int, timeout: float, files: str, label: str = "tests") -> tuple[int, list[str]]:

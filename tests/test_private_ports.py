@@ -164,3 +164,16 @@ def test_torchs_warning_about_the_namespaces_missing_dns_stays_in_the_log_only()
     for text in (warning, "step 1"):
         out.feed(f"<{out.token}:0>{text}", (0, "err"))
     assert out.rank_lines == {0: ["step 1"]} and f"[0]:{warning}" in out.lines
+
+
+@pytest.mark.skipif(not private.available(), reason=f"launches: {private.mode()}")
+def test_a_job_that_reaches_for_the_network_is_told_how_to_ask_for_it(tmp_path):
+    # 192.0.2.1 is a documentation address (TEST-NET-1); in the private namespace there is no route
+    # to anything but loopback, so the connect fails at once and no packet leaves the namespace
+    program = tmp_path / "reach.py"
+    program.write_text("import socket\nsocket.create_connection(('192.0.2.1', 9), timeout=5)\n")
+    with pytest.raises(launch.LaunchError) as info:
+        launch.torchrun(str(program), nproc=1, timeout=120, stream=False)
+    message = str(info.value)
+    assert "Network is unreachable" in message and message.count(private.NO_NETWORK_HINT) == 1, message
+    assert private.no_network_hint("ConnectionRefusedError: [Errno 111] Connection refused") == ""

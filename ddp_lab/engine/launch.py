@@ -518,6 +518,8 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     if run.returncode != 0:
         tier = {}
         message, rank = root_cause(run.log, run.rank_lines, output.rank_errors, tier)
+        if quiet and private.no_network_hint(run.log):  # it reached for the network it was not given
+            message = f"{message}\n{private.NO_NETWORK_HINT}"
         diagnosis = _diagnose(autopsy, world)
         if diagnosis is not None and diagnosis.kind in ("mismatch", "missing"):
             if tier.get("tier") in ("secondary", "abort", "none"):  # a hang, told as its consequences

@@ -43,6 +43,17 @@ LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo"}
 # (it prints the address instead); the launcher keeps such lines in the log and does not show them.
 NO_DNS_WARNINGS = ("[c10d] The hostname of the client socket cannot be retrieved",)
 EXPOSED = "the rendezvous store (torchrun's agent) listens on every interface while a job runs"
+# What a program sees when it reaches for the network from a private namespace: no route, no DNS.
+NO_NETWORK = ("Network is unreachable", "Temporary failure in name resolution",
+              "Name or service not known", "No address associated with hostname")
+NO_NETWORK_HINT = ("[launch] this job ran in a private network namespace (loopback only), where nothing "
+                   "outside this machine can be reached: launch it with network=True if it needs the "
+                   f"network (or set {OFF_ENV}=off)")
+
+
+def no_network_hint(log: str) -> str:
+    """NO_NETWORK_HINT if the job's output shows it reached for the network and found none; else ''."""
+    return NO_NETWORK_HINT if any(sign in log for sign in NO_NETWORK) else ""
 
 
 def _off() -> str | None:
