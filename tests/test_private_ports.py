@@ -1,6 +1,7 @@
 """A local launch listens on loopback only: its processes run in a private network namespace
-(ddp_lab.engine.private). One real 2-rank launch, held open while the machine's listening
-sockets are read from /proc; the rest are unit tests of wrap(), mode() and the launch's spawn."""
+(ddp_lab.engine.private). Two real 2-rank launches (2 ranks on a node; 2 nodes in one namespace, as
+`ddp-lab verify` launches), each held open while the machine's listening sockets are read from /proc;
+the rest are unit tests of wrap(), mode() and the launch's spawn. The live ranks: test_interactive."""
 import os
 import subprocess
 import sys
@@ -30,10 +31,13 @@ with runtime.distributed() as ctx:
 """
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
+# Two shapes of launch: 2 ranks on one node (a notebook's launch, `ddp-lab grade`), and 2 nodes of
+# one rank sharing one namespace (`ddp-lab verify`, a local multi-node launch)
+@pytest.fixture(scope="module", params=[(2, 1), (1, 2)], ids=["2 ranks", "2 nodes (verify)"])
+def job(request, tmp_path_factory):
     """One 2-rank launch; while both ranks are up: the job's pids, their socket inodes, the
     listening sockets of this namespace and of the job's; then the Run."""
+    nproc, nnodes = request.param
     gate = tmp_path_factory.mktemp("gate")
     program = gate / "hold.py"
     program.write_text(PROGRAM)
@@ -41,7 +45,8 @@ def job(tmp_path_factory):
 
     def run():
         try:
-            result["run"] = launch.torchrun(str(program), nproc=2, args=[gate], timeout=300, stream=False)
+            result["run"] = launch.torchrun(str(program), nproc=nproc, nnodes=nnodes, args=[gate], timeout=300,
+                                           stream=False)
         except Exception as e:  # noqa: BLE001 - reported by the tests
             result["error"] = e
 
