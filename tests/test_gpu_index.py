@@ -20,10 +20,11 @@ def test_the_workbook_never_picks_a_gpu_by_global_rank():
     assert findings == [], "\n".join(f"{f.path}:{f.line}: {f.message}" for f in findings)
 
 
-def _join(monkeypatch, backend: str):
+def _join(monkeypatch, backend: str, rank: int = 1, port: int = 29999):
     calls = {}
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.setdefault("set_device", d))
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: calls.setdefault("init", kw))
+    monkeypatch.setattr(dist, "TCPStore", lambda *a, **kw: calls.setdefault("store", (a, kw)))
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         # The join code sets these in os.environ. setenv first, so that monkeypatch records the
         # original state even when the variable was absent (delenv(raising=False) records nothing
@@ -33,7 +34,7 @@ def _join(monkeypatch, backend: str):
         monkeypatch.delenv(key)
     shell = types.SimpleNamespace(InteractiveTB=types.SimpleNamespace(set_mode=lambda mode: None))
     namespace = {"get_ipython": lambda: shell}
-    exec(interactive._join_code(1, 2, 29999, backend, 5), namespace)
+    exec(interactive._join_code(rank, 2, port, backend, 5), namespace)
     return calls, namespace
 
 
@@ -57,3 +58,18 @@ def test_live_gloo_ranks_stay_on_the_cpu_without_a_device_id(monkeypatch):
     calls, ns = _join(monkeypatch, "gloo")
     assert ns["device"] == torch.device("cpu") and "set_device" not in calls
     assert "device_id" not in calls["init"] and calls["init"]["rank"] == 1
+
+
+def test_rank_0_serves_the_store_on_loopback_only(monkeypatch):
+    """The store gets a socket bound to 127.0.0.1 (left to itself it would listen on every interface)."""
+    import socket
+    calls, _ = _join(monkeypatch, "gloo", rank=0, port=0)
+    (host, port, world, master), kw = calls["store"]
+    assert (host, world, master) == ("127.0.0.1", 2, True) and calls["init"]["store"] is calls["store"]
+    listener = socket.socket(fileno=kw["master_listen_fd"])
+    try:
+        assert listener.getsockname()[0] == "127.0.0.1"
+    finally:
+        listener.close()
+    calls, _ = _join(monkeypatch, "gloo", rank=1)
+    assert calls["store"][0][3] is False and calls["store"][1]["master_listen_fd"] is None

@@ -197,3 +197,41 @@ def test_the_scaling_run_is_one_more_launch_and_nothing_else_is_found(bad_world_
     assert [(r["ranks"], r["steps"]) for r in report["runs"]] == [(2, 3), (1, 1)], report["runs"]
     limits = " ".join(report["cannot_rule_out"])
     assert "--scaling" not in limits and "a loss scaled wrongly for the accumulation" in limits
+
+
+# A script that builds a new optimizer and scheduler for each of several runs (notebook 05's LR
+# scaling does): freed objects' ids come back, so the recorder must not key its counts by id().
+RUNS = """
+import gc, json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import _ddp_lab_verify_world as world
+records = []
+class Obs:
+    steps = 0
+    def write(self, record):
+        records.append(record)
+world.patch(Obs(), lambda fn, *a: fn(*a), lambda: "runs.py:1")
+for run in range(6):
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+    for step in range(3):
+        p.grad = torch.ones(1)
+        opt.step()
+        sched.step()
+    del p, opt, sched
+    gc.collect()
+print(json.dumps(records))
+"""
+
+
+def test_schedulers_of_successive_runs_are_told_apart(tmp_path):
+    import subprocess
+    import sys
+    inject = Path(__file__).resolve().parents[1] / "ddp_lab" / "verify" / "_inject"
+    out = subprocess.run([sys.executable, "-c", RUNS, str(inject)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    records = [dict(r, rank=0) for r in json.loads(out.stdout)]
+    assert len({r["sched"] for r in records}) == 6                      # one number per scheduler
+    assert [r["opt_steps"] for r in records] == [1, 2, 3] * 6           # each optimizer counts its own
+    assert lr_per_step({0: records + [{"kind": "step"}] * 18}, []) == []

@@ -13,6 +13,7 @@ compute:
   path (augmentation) from a generator in the same state on every rank can be recognised.
 """
 import functools
+import itertools
 
 MAX_REDUCES = 200  # small all-reduces recorded per rank
 MAX_NUMEL = 16
@@ -25,17 +26,20 @@ def patch(obs, safe, user_line):
     from torch.optim import lr_scheduler
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    steps, numbers, depth = {}, {}, [0]  # steps per optimizer; a number per scheduler; nesting
+    # Each optimizer carries its step count, each scheduler its number: not in dicts keyed by id(),
+    # which a script that makes a new optimizer and scheduler per run (and frees the old) reuses
+    numbers, depth = itertools.count(), [0]
 
     def count(opt, args, kwargs):
-        steps[id(opt)] = steps.get(id(opt), 0) + 1
+        opt._ddp_lab_steps = getattr(opt, "_ddp_lab_steps", 0) + 1
     register_optimizer_step_post_hook(count)
 
     def record(scheduler):
         opt = getattr(scheduler, "optimizer", None)
-        number = numbers.setdefault(id(scheduler), len(numbers))
-        obs.write({"kind": "sched", "sched": number, "type": type(scheduler).__name__,
-                   "opt_steps": steps.get(id(opt), 0), "step": obs.steps,
+        if not hasattr(scheduler, "_ddp_lab_number"):
+            scheduler._ddp_lab_number = next(numbers)
+        obs.write({"kind": "sched", "sched": scheduler._ddp_lab_number, "type": type(scheduler).__name__,
+                   "opt_steps": getattr(opt, "_ddp_lab_steps", 0), "step": obs.steps,
                    "lr": [g.get("lr") if isinstance(g.get("lr"), (int, float)) else None
                           for g in getattr(opt, "param_groups", [])], "at": user_line()})
 
