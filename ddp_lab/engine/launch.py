@@ -523,7 +523,7 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
         diagnosis = _diagnose(autopsy, world)
         if diagnosis is not None and diagnosis.kind in ("mismatch", "missing"):
             if tier.get("tier") in ("secondary", "abort", "none"):  # a hang, told as its consequences:
-                first = message.splitlines()[0]                  # their first line; the rest in run.log
+                first = message.split("\n\n")[0]                # their first paragraph; the rest in run.log
                 message = (f"{diagnosis.message()}\n\n{first}\n(a consequence of the hang above; every "
                            f"rank's whole output is in LaunchError.run.log)")
             else:  # a rank's own error comes first; the autopsy says what the others were doing
