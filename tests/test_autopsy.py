@@ -24,10 +24,11 @@ from ddp_lab.engine import launch
 COLLECTIVES = PROGRAMS / "hang_collectives.py"
 TRAINING = PROGRAMS / "hang_training.py"
 SLEEPER = PROGRAMS / "sleeper.py"
-# Ranks that hang until the launcher's timeout must be in the hang before it ends. Five launches
-# start at once on a busy 2-core machine, which can take a minute and more before the ranks hang:
-# the launcher's timeout leaves room for that, and the test says so if the ranks never got there.
-LAUNCHER_TIMEOUT = 120
+# Ranks that hang until the launcher's timeout must be in the hang before it ends. The three
+# launcher-timeout launches start first and alone (their ranks reached the hang in 6 s on 2 idle
+# cores); the others start only once those ranks are in it, and run while they wait.
+# The test says so if the ranks never got there.
+LAUNCHER_TIMEOUT = 60
 PG_TIMEOUT = 5  # the others: gloo raises on every rank after this long in a collective
 CASES = {  # name: (program, argument, process-group timeout or None for the launcher's)
     "mismatch": (COLLECTIVES, "mismatch", None),
@@ -70,9 +71,18 @@ def hangs(tmp_path_factory):
             return e, took, timeout
         return None, time.monotonic() - start, timeout
 
-    # The three launcher-timeout launches first, each in its own thread; the others take turns beside them
-    with concurrent.futures.ThreadPoolExecutor(5) as pool:
-        results = dict(zip(CASES, pool.map(one, CASES)))
+    # The three launcher-timeout launches first, each in its own thread. The others take turns beside
+    # them, three at a time, once those ranks are in their hang (or their launches ended): started
+    # together, eight launches' imports would share two cores while the launcher's clock runs.
+    waiting = [n for n in CASES if CASES[n][2] is None]
+    ready = [f"{marker}.ready"] + [f"{marker}.{CASES[n][1]}.rank{r}.ready" for n in waiting
+                                     if CASES[n][0] is COLLECTIVES for r in (0, 1)]
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        futures = {n: pool.submit(one, n) for n in waiting}
+        wait_until(lambda: all(Path(f).exists() for f in ready) or any(f.done() for f in futures.values()),
+                   timeout=LAUNCHER_TIMEOUT)
+        futures.update({n: pool.submit(one, n) for n in CASES if n not in futures})
+        results = {n: futures[n].result() for n in CASES}
     return results, marker
 
 

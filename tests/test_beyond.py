@@ -1,11 +1,11 @@
-"""Notebooks 09 and 09b: the memory calculator, its per-tensor predictions, and the programs that measure them."""
+"""Notebooks 09 and 09b: the memory calculator and its per-tensor predictions (what the 2- and 4-rank
+launch measures is asserted in notebook 09 itself, and 09b's launch in notebook 09b)."""
 import math
 
 import pytest
 import torch
 
 from ddp_lab.lessons import beyond, costmodel
-from ddp_lab.engine import launch
 
 GB = 1e9
 
@@ -144,72 +144,3 @@ def test_comm_cost_agrees_with_notebook_03_ring():
         half = beyond.comm_cost([("reduce_scatter", 1e6), ("all_gather", 1e6)], n, alpha, beta)["seconds"]
         assert half == pytest.approx(got)
     assert beyond.comm_cost([("all_reduce", 1e6)], 2)["seconds"] is None   # no alpha, beta: no time
-
-
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    """One 4-process launch: a 2-rank job (ranks 0-1) that saves, then a 4-rank job that loads."""
-    folder = tmp_path_factory.mktemp("nb09")
-    return launch.torchrun(f"-m ddp_lab.experiments.nb09_strategies --folder {folder}", nproc=4,
-                           timeout=300, stream=False)
-
-
-@pytest.mark.parametrize("world", [2, 4])
-def test_measured_bytes_equal_prediction_and_losses_agree(launched, world):
-    shapes = [tuple(p.shape) for p in beyond.build_model().parameters()]
-    reference = beyond.reference_losses()
-    recs = launched.select(kind="strategy", world=world)
-    assert sorted((r["strategy"], r["rank"]) for r in recs) == sorted(
-        (s, r) for s in ("ddp", "zero1", "fsdp") for r in range(world))
-    for r in recs:
-        assert r["bytes"] == beyond.rank_bytes(shapes, r["strategy"], world, r["rank"]), r
-        assert max(abs(a - b) for a, b in zip(r["losses"], reference)) < 1e-5
-
-
-def test_checkpoint_saved_on_2_ranks_loads_on_4(launched):
-    saved = launched.select(kind="saved", rank=0)[0]
-    assert saved["world"] == 2 and saved["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    reshard = launched.select(kind="reshard")[0]
-    assert reshard["world"] == 4 and reshard["equal"] and not reshard["missing"]
-    assert reshard["local_shape"] == [64, 32]
-
-
-def test_cpu_support_probed_in_the_2_rank_job(launched):
-    support = {r["name"]: r for r in launched.select(kind="cpu_support", world=2, rank=0)}
-    assert support["FSDP2 MixedPrecisionPolicy(bf16)"]["error"] is None
-    assert set(support) == {"FSDP2 MixedPrecisionPolicy(bf16)", "FSDP2 CPUOffloadPolicy",
-                            "ZeroRedundancyOptimizer(overlap_with_ddp=True)"}
-    assert not launched.select(kind="tensor") and not launched.select(kind="pair")   # notebook 09b's now
-
-
-@pytest.fixture(scope="module")
-def parallelisms():
-    """Notebook 09b's one 2-process launch: TP and PP by hand and with torch's API, the Horovod pairs."""
-    return launch.torchrun("-m ddp_lab.experiments.nb09b_parallelisms", nproc=2, timeout=300, stream=False)
-
-
-def test_tensor_parallel_by_hand_equals_torch_and_the_unsplit_block(parallelisms):
-    for rank in (0, 1):
-        hand = parallelisms.select(kind="tp_by_hand", rank=rank)[0]
-        api = parallelisms.select(kind="tensor", rank=rank)[0]
-        assert hand["out_diff"] < 1e-5 and hand["x_grad_diff"] < 1e-6 and hand["grad_diff"] < 1e-6
-        assert hand["shard_digests"] == api["shard_digests"] and hand["shapes"] == api["shapes"] == {
-            "0.weight": [32, 16], "2.weight": [16, 32]}
-        assert hand["gloo_ops"] == api["gloo_ops"] == {"gloo:all_reduce": 2}
-        assert api["placements"]["0.weight"] == "(Shard(dim=0),)" and api["placements"]["2.weight"] == "(Shard(dim=1),)"
-
-
-def test_gpipe_by_hand_equals_torch_and_the_whole_model(parallelisms):
-    hand = parallelisms.select(kind="pp_by_hand", rank=1)[0]
-    api = parallelisms.select(kind="pipeline", rank=1)[0]
-    assert math.isclose(sum(hand["losses"]) / len(hand["losses"]), hand["ref_loss"], rel_tol=1e-5)
-    assert max(abs(a - b) for a, b in zip(hand["losses"], api["losses"])) < 1e-6
-    assert all(r["grad_diff"] < 1e-6 for r in parallelisms.select(kind="pp_by_hand"))
-    assert hand["gloo_ops"] == {"gloo:send": hand["micro"], "gloo:recv": hand["micro"]}
-
-
-def test_pairs_in_the_2_rank_launch(parallelisms):
-    pairs = {(r["name"], r["rank"]): r for r in parallelisms.select(kind="pair", world=2)}
-    assert pairs["broadcast_parameters", 0]["after"] == pairs["broadcast_parameters", 1]["after"]
-    assert pairs["optimizer_state", 0]["after_ddp"] != pairs["optimizer_state", 1]["after_ddp"]
-    assert pairs["optimizer_state", 0]["after_broadcast"] == pairs["optimizer_state", 1]["after_broadcast"]

@@ -8,10 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from ddp_lab.engine import corepath
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 LIMIT = 1500                                  # characters in one markdown cell
-NOT_YET_SPLIT = {"10_laptop_to_cluster.ipynb"}  # being split
+CORE_WORDS = 3000                             # words of markdown on a lesson's core path
+# Lessons still over CORE_WORDS, whose deep dives are yet to be drawn (words on the core path today).
+# Each fails its budget test as expected; the test turns red once a lesson fits, to drop it from here.
+OVER_BUDGET = {"07_troubleshooting.ipynb": 6324}
 ORDER = re.findall(r"\]\(notebooks/([0-9][^)/]*\.ipynb)\)", (ROOT / "README.md").read_text(encoding="utf-8"))
 LESSONS = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
 TERMS = {k: v for k, v in json.loads((ROOT / "docs" / "terms.json").read_text(encoding="utf-8")).items()
@@ -42,17 +47,39 @@ def test_the_readme_orders_every_lesson():
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
 def test_no_markdown_cell_is_longer_than_the_budget(lesson):
-    if lesson.name in NOT_YET_SPLIT:
-        pytest.skip("being split")
     long = [f"markdown cell {i} ({len(s)} characters): {s[:60]!r}" for i, s in enumerate(markdown(lesson))
             if len(s) > LIMIT]
     assert not long, f"{lesson.name}: split these at a heading or between paragraphs:\n  " + "\n  ".join(long)
 
 
+@pytest.mark.parametrize("lesson", [pytest.param(p, marks=pytest.mark.xfail(
+    p.name in OVER_BUDGET, reason="deep dives not drawn yet", strict=True)) for p in LESSONS], ids=lambda p: p.stem)
+def test_the_core_path_fits_the_word_budget(lesson):
+    words = corepath.words(cells(lesson))
+    assert words <= CORE_WORDS, (
+        f"{lesson.name}: {words} words on the core path, over {CORE_WORDS}: move what the core path does not "
+        f"need into a section headed '## Deep dive: ...' after the numbered sections")
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_deep_dives_come_after_the_numbered_sections(lesson):
+    """The core path reads top to bottom without a detour: every deep dive comes after the last
+    numbered section, and its heading opens a cell of its own (so a slot can skip it whole)."""
+    cs, parts = cells(lesson), corepath.parts(cells(lesson))
+    numbered = [i for i, c in enumerate(cs) if c["cell_type"] == "markdown" and parts[i] == "core"
+                and re.search(r"^## \d+\. ", "".join(c["source"]), re.M)]
+    deep = [i for i, p in enumerate(parts) if p == "deep"]
+    if not deep:
+        pytest.skip("no deep dive")
+    assert max(numbered) < min(deep), f"{lesson.name}: numbered section in cell {max(numbered)} after a deep dive"
+    for i, c in enumerate(cs):
+        text = "".join(c["source"])
+        if c["cell_type"] == "markdown" and corepath.DEEP in text:
+            assert text.startswith("## " + corepath.DEEP), f"{lesson.name}, cell {i}: a deep dive heading opens its cell"
+
+
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
 def test_every_lesson_says_what_you_can_now_do(lesson):
-    if lesson.name in NOT_YET_SPLIT:
-        pytest.skip("being split")
     found = [s for s in markdown(lesson) if re.search(r"^#{2,3} What you can now do\s*$", s, re.M)]
     assert len(found) == 1, f"{lesson.name}: expected one 'What you can now do' heading, found {len(found)}"
     bullets = re.findall(r"^- \S", found[0], re.M)
@@ -114,3 +141,14 @@ def test_the_order_check_catches_a_use_before_the_definition():
     assert first(r"\A# 00 ", "use")[:2] == (0, 0)
     assert first(r"\A# 01 ", "definition")[:2] == (1, 0)
     assert first(r"(?!x)x", "use") is None
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README.zh-CN.md"])
+def test_the_readme_maps_each_core_path_and_its_deep_dives(readme):
+    """The README's core-path table says what the lessons hold: reading time and deep dives."""
+    text = (ROOT / readme).read_text(encoding="utf-8")
+    assert "<!-- corepath:start -->" in text, f"{readme}: no core-path table"
+    table = text.split("<!-- corepath:start -->", 1)[1].split("<!-- corepath:end -->", 1)[0]
+    rows = table.strip().splitlines()[2:]
+    want = [corepath.map_row(p.name.split("_")[0], cells(p)) for p in LESSONS]
+    assert rows == want, f"{readme}: the core-path table is stale; its rows are now:\n" + "\n".join(want)

@@ -38,9 +38,13 @@ def test_every_lesson_says_what_changes_on_gpus_and_how_it_knows(lesson):
     """Each lesson 01-10 has its GPU box; every statement in it is marked measured here,
     documented (with a link to its source) or expected."""
     cells = ["".join(c["source"]) for c in json.loads(lesson.read_text())["cells"] if c["cell_type"] == "markdown"]
-    boxes = [c.split(GPU_BOX, 1)[1] for c in cells if GPU_BOX in c]
-    assert len(boxes) == 1, f"{lesson.name}: expected one '{GPU_BOX}' section, found {len(boxes)}"
-    box = boxes[0].split("\n#", 1)[0]
+    starts = [i for i, c in enumerate(cells) if GPU_BOX in c]
+    assert len(starts) == 1, f"{lesson.name}: expected one '{GPU_BOX}' section, found {len(starts)}"
+    box = cells[starts[0]].split(GPU_BOX, 1)[1].split("\n#", 1)[0]
+    for more in cells[starts[0] + 1:]:  # a box too long for one cell goes on in bullet cells, up to a heading
+        if not more.lstrip().startswith("- "):
+            break
+        box += "\n" + more
     items = re.findall(r"^\s*[-*] (.+(?:\n(?!\s*[-*] ).+)*)", box, flags=re.M)
     assert len(items) >= 3, f"{lesson.name}: the GPU box has {len(items)} statements"
     for item in items:

@@ -30,14 +30,19 @@ NO_STEP_LIMIT = {"bad_nan_skip"}
 SCRIPTS = sorted(p.stem for p in HERE.glob("*.py"))
 
 
+TEXTS = {}  # script name -> the text report of its verify (what `ddp-lab verify` prints without --json)
+
+
 def _verify(name):
-    """(exit status, JSON report) of `ddp-lab verify --json [options] -- tests/verify_scripts/NAME.py`."""
+    """(exit status, JSON report) of `ddp-lab verify --json [options] -- tests/verify_scripts/NAME.py`;
+    its text report goes to TEXTS."""
     from ddp_lab.verify import command
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
     steps = [] if name in NO_STEP_LIMIT else ["--steps", "3"]
     args = parser.parse_args([*steps, *OPTIONS.get(name, []), "--json", "--", str(HERE / f"{name}.py")])
     report = command.report_for(args)
+    TEXTS[name] = report.text()
     return report.status, json.loads(json.dumps(report.to_dict()))
 
 
@@ -163,3 +168,19 @@ def test_the_observer_chains_with_the_autopsy_and_a_users_sitecustomize(tmp_path
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["True", "True"], out.stderr
     assert (tmp_path / "autopsy" / "rank0.pid").exists()  # the autopsy armed this rank as before
+
+
+def line_of(name, words):
+    """path:line of the first line of tests/verify_scripts/NAME.py that holds `words`."""
+    lines = (HERE / f"{name}.py").read_text().splitlines()
+    return f"{HERE / name}.py:{next(i for i, x in enumerate(lines, 1) if words in x)}"
+
+
+def test_findings_name_the_scripts_line(verified):
+    _, report = verified("bad_accum")
+    (f,) = report["findings"]
+    assert f["line"] == line_of("bad_accum", "loss.backward()")  # the backward that all-reduced
+    assert f"line: {f['line']}" in TEXTS["bad_accum"] and "the forward too" in f["fix"]
+    _, report = verified("bad_set_epoch")
+    (f,) = report["findings"]
+    assert f["category"] == "data-coverage" and f["line"] == line_of("bad_set_epoch", "in self.loader")

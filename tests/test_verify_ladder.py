@@ -20,6 +20,8 @@ Out of scope, with the reason (each experiment is either in PROGRAMS or named he
   nb06_load_and_shard.py checkpoint loading and sharded saving: one optimizer step to fill its state,
                          no training over data
   nb06_what_to_save.py   one process, no process group
+  nb06b_ladder.py        the rungs' own train(), one after the other in one launch: each rung file is
+                         verified above on its own, main() included
   nb07_collectives.py    mismatched and skipped collectives, each caught in a group of its own
   nb07_ddp.py            DDP's failure cases, each caught in a group of its own (a step on rank 0
                          only, BatchNorm buffers, a NaN): broken on purpose, no correct mode
@@ -58,7 +60,6 @@ PROGRAMS = {
     "nb02_uneven.py": (("--fix", "join"), 8),  # 2 trainings of 4 steps: rank 0 joins after its 3rd
     "nb03_buckets.py": (("--steps", "1", "--epochs", "1", "--caps", "25", "--delays", "0"), 82),
     "nb05_lr_scaling.py": (("--epochs", "2", "--warmup-epochs", "1"), 96),
-    "nb06b_ladder.py": (("--epochs", "2", "--out", "."), 368),  # the 8 rungs' train() in one launch
     "nb10_elastic.py": (("--ckpt", "elastic.pt", "--steps", "6", "--sample-ms", "0"), 6),
 }
 

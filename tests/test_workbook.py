@@ -115,12 +115,15 @@ def test_workshop_timing_table_rewritten_for_lessons_that_passed(tmp_path, capsy
     run = json.loads((tmp_path / "html" / "timings.json").read_text())
     where = f"{run['date']}, {os.cpu_count()} cores, {run['machine']['platform']}, torch {run['machine']['torch']}"
     for key, name in (("00", "00_ok.ipynb"), ("02", "02_ok.ipynb"), ("09b", "09b_new.ipynb")):
-        assert rows[key][2] == f"{run['notebooks'][name]['seconds']:.0f} s" and rows[key][3] == where
+        assert rows[key][2] == f"{run['notebooks'][name]['seconds']:.0f} s" and rows[key][4] == where
+        assert rows[key][3] == f"{run['notebooks'][name]['core_seconds']:.0f} s"   # no deep dive: all core
     assert rows["00"][1] == "ok lesson" and rows["09b"][1] == "A tiny lesson"   # topics kept; a new row titled
-    assert rows["01"] == ["01", "bad lesson", "34 s", "2026-01-01, 8 cores, Linux, torch 2.0"]  # failed: kept
-    assert rows["01b"] == ["01b", "not run", "—", "—"]                                            # not run: kept
+    # failed or not run: kept, with the core-path column the older table had not
+    assert rows["01"] == ["01", "bad lesson", "34 s", "—", "2026-01-01, 8 cores, Linux, torch 2.0"]
+    assert rows["01b"] == ["01b", "not run", "—", "—", "—"]
     assert list(rows) == ["00", "01", "01b", "02", "09b"]          # in teaching order
-    assert text.startswith("# Workshop\n\nSome prose that stays.\n\n<!-- timings:start -->\n| notebook |")
+    assert text.startswith("# Workshop\n\nSome prose that stays.\n\n<!-- timings:start -->\n"
+                           + "\n".join(workbook.TABLE_HEADER) + "\n")
     assert text.endswith("<!-- timings:end -->\n\nProse after the table that stays.\n")
     assert workbook.update_timing_table(text, {**run, "notebooks": {}}) == text    # idempotent, nothing new
     assert "timing table" in capsys.readouterr().out
@@ -180,3 +183,22 @@ def test_stored_notebooks_hold_no_widget_view_and_each_widget_cell_says_run_it()
         outputs = nbformat.read(workbook.ROOT / rel, as_version=4).cells[index].outputs
         shown = " ".join(str(o.get("data", {}).get("text/plain", "")) for o in outputs)
         assert "run this cell" in shown, (rel, index, shown[:120])
+
+
+def test_the_core_path_and_the_deep_dives_are_timed_apart(tmp_path, capsys):
+    """A lesson's deep dive (`## Deep dive: ...`) is timed apart from its core path, in timings.json
+    and in what the run prints; exercises count in neither."""
+    nb = new_notebook(cells=[
+        new_markdown_cell("# A lesson"), new_code_cell("print('core')"),
+        new_markdown_cell("## Deep dive: something slow"), new_code_cell("import time; time.sleep(0.5)"),
+        new_markdown_cell("### On a GPU cluster\n\n- expected"), new_code_cell("print('closing')"),
+        new_markdown_cell("## Exercises"), new_code_cell("import time; time.sleep(0.5)")],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    path = tmp_path / "03_lesson.ipynb"
+    nbformat.write(nb, path)
+    assert workbook.main([str(tmp_path / "html"), str(path)]) == 0
+    (t,) = json.loads((tmp_path / "html" / "timings.json").read_text())["notebooks"].values()
+    assert t["deep_seconds"] >= 0.5 > t["core_seconds"] >= 0          # the sleep is in the deep dive only
+    assert t["core_seconds"] + t["deep_seconds"] <= t["seconds"]     # the exercises' sleep in neither
+    assert f"03_lesson: {t['seconds']:.0f} s, core path {t['core_seconds']:.0f} s, " \
+           f"deep dives {t['deep_seconds']:.0f} s" in capsys.readouterr().out

@@ -61,10 +61,11 @@ def test_every_row_and_section_names_an_existing_or_planned_lesson():
 def test_timing_cells_hold_a_measured_time_or_a_dash():
     """What `make workbook --workshop` writes, or what is left before it ran; never a typed estimate."""
     for key, cells in _table_rows().items():
-        assert len(cells) == 4, key
-        _, _, seconds, where = cells
-        assert seconds == where == "—" or (
+        assert len(cells) == 5, key
+        _, _, seconds, core, where = cells
+        assert seconds == core == where == "—" or (
             re.fullmatch(r"\d+ s", seconds) and re.match(r"\d{4}-\d\d-\d\d, \d+ cores, ", where)), cells
+        assert core == "—" or (re.fullmatch(r"\d+ s", core) and int(core[:-2]) <= int(seconds[:-2])), cells
 
 
 def test_the_core_agenda_includes_01b_and_make_workbook_updates_this_guide():

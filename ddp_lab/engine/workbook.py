@@ -14,9 +14,10 @@ top-to-bottom run of lessons and solutions together; a notebook that failed is l
 as it was.
 
 Every run writes timings.json (date, machine: cores, platform, torch version; per notebook
-its title, seconds and whether it passed). With `--workshop FILE` it also rewrites the timing
+its title, seconds, whether it passed, and the seconds of its core path and of its deep dives:
+see `ddp_lab.engine.corepath`), and prints each lesson's times when it ends. With `--workshop FILE` it also rewrites the timing
 table of the workshop guide between `<!-- timings:start -->` and `<!-- timings:end -->`: the
-row of each lesson that ran and passed gets its time and where it was measured; the rows of
+row of each lesson that ran and passed gets its time, its core path's time and where they were measured; the rows of
 lessons that failed or did not run keep what they said, so a partial run never erases a
 measurement. A lesson without a row gets one.
 """
@@ -32,11 +33,12 @@ import time
 from datetime import date
 from pathlib import Path
 
+from ddp_lab.engine import corepath
 from ddp_lab.engine.launch import ROOT
 
 NOTEBOOKS = ROOT / "notebooks"
 START, END = "<!-- timings:start -->", "<!-- timings:end -->"
-TABLE_HEADER = ["| notebook | topic | executes in | measured on |", "|---|---|---|---|"]
+TABLE_HEADER = ["| notebook | topic | executes in | core path | measured on |", "|---|---|---|---|---|"]
 
 
 def title_of(nb) -> str:
@@ -74,7 +76,7 @@ def stored_widgets_as_text(nb):
     return nb
 
 
-def render(path: Path, out_dir: Path, timeout: int = 600, store: bool = False) -> tuple[str, float, str | None]:
+def render(path: Path, out_dir: Path, timeout: int = 600, store: bool = False) -> tuple[str, float, str | None, dict]:
     import nbformat
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
@@ -87,12 +89,13 @@ def render(path: Path, out_dir: Path, timeout: int = 600, store: bool = False) -
     except CellExecutionError as e:
         error = str(e).strip().splitlines()[-1][:300]
     seconds = time.time() - start
+    parts = {f"{part}_seconds": corepath.seconds(nb.cells, part) for part in ("core", "deep")}
     stored_widgets_as_text(nb)  # handouts and stored notebooks alike: no widget that cannot redraw
     if store and error is None:
         nbformat.write(nb, path)
     body, _ = HTMLExporter().from_notebook_node(nb)
     (out_dir / path.with_suffix(".html").name).write_text(body, encoding="utf-8")
-    return title_of(nb), seconds, error
+    return title_of(nb), seconds, error, parts
 
 
 def machine() -> dict:
@@ -117,6 +120,10 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def _secs(s: float | None) -> str:
+    return "—" if s is None else f"{s:.0f} s"
+
+
 def update_timing_table(text: str, timings: dict) -> str:
     """`text` with the table between START and END rewritten from `timings` (timings.json's content).
 
@@ -127,19 +134,21 @@ def update_timing_table(text: str, timings: dict) -> str:
     table, tail = rest.split(END, 1)
     m = timings["machine"]
     where = f"{timings['date']}, {m['cores']} cores, {m['platform']}, torch {m['torch']}"
-    new = {lesson_id(name): (t, f"{t['seconds']:.0f} s") for name, t in timings["notebooks"].items()
-           if t["ok"] and not Path(name).stem.endswith("_solutions")}
+    new = {lesson_id(name): (t, f"{t['seconds']:.0f} s", _secs(t.get("core_seconds")))
+           for name, t in timings["notebooks"].items() if t["ok"] and not Path(name).stem.endswith("_solutions")}
     rows = [line for line in table.strip().splitlines() if line.startswith("|")][2:]
     out, seen = [], set()
     for line in rows:
         cells = _cells(line)
+        if len(cells) == 4:  # a table from before the core-path column
+            cells = [*cells[:3], "—", cells[3]]
         key = cells[0].strip("`")
         seen.add(key)
         if key in new:
-            cells = [cells[0], cells[1], new[key][1], where]
+            cells = [cells[0], cells[1], new[key][1], new[key][2], where]
         out.append("| " + " | ".join(cells) + " |")
     for key in sorted(set(new) - seen):
-        out.append(f"| {key} | {new[key][0]['title']} | {new[key][1]} | {where} |")
+        out.append(f"| {key} | {new[key][0]['title']} | {new[key][1]} | {new[key][2]} | {where} |")
     out.sort(key=lambda line: _cells(line)[0].strip("`"))
     return head + START + "\n" + "\n".join(TABLE_HEADER + out) + "\n" + END + tail
 
@@ -183,22 +192,27 @@ def main(argv: list[str]) -> int:
     started = {"date": date.today().isoformat(), "machine": machine()}
     rows, failed = [], []
     for path in tqdm(paths, desc="executing notebooks", unit="nb"):
-        title, seconds, error = render(path, out_dir, store=store)
-        rows.append((path, title, seconds, error))
+        title, seconds, error, parts = render(path, out_dir, store=store)
+        rows.append((path, title, seconds, error, parts))
         if error:
             failed.append(f"{path.name}: {error}")
     items = "\n".join(
         f'<tr><td><a href="{p.with_suffix(".html").name}">{html.escape(p.stem)}</a></td>'
         f"<td>{html.escape(t)}</td><td>{s:.0f} s</td><td>{'FAILED' if e else 'ok'}</td></tr>"
-        for p, t, s, e in rows)
+        for p, t, s, e, _ in rows)
     (out_dir / "index.html").write_text(
         "<!doctype html><meta charset=utf-8><title>DDP Lab workbook</title>"
         "<h1>DDP Lab workbook</h1><p>Executed on this machine; times are execution only.</p>"
         f"<table border=1 cellpadding=4><tr><th>file</th><th>title</th><th>ran in</th><th></th></tr>{items}</table>",
         encoding="utf-8")
     timings = {**started, "notebooks": {
-        p.name: {"title": t, "seconds": round(s, 1), "ok": not e} for p, t, s, e in rows}}
+        p.name: {"title": t, "seconds": round(s, 1), "ok": not e,
+                 **{k: v if v is None else round(v, 1) for k, v in parts.items()}} for p, t, s, e, parts in rows}}
     (out_dir / "timings.json").write_text(json.dumps(timings, indent=1) + "\n", encoding="utf-8")
+    for name, t in timings["notebooks"].items():
+        if t["ok"]:
+            print(f"{Path(name).stem}: {t['seconds']:.0f} s, core path {_secs(t['core_seconds'])}, "
+                  f"deep dives {_secs(t['deep_seconds'])}")
     print(f"wrote {len(rows)} handouts to {out_dir}/ (open index.html)")
     if workshop is not None:
         workshop.write_text(update_timing_table(workshop.read_text(encoding="utf-8"), timings), encoding="utf-8")

@@ -140,9 +140,10 @@ def exercise_controls(page, index, skip_labels=()):
             at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
             handle.focus()
             handle.press("Home" if at_max else "End")
-            if not shows_a_change(page, cell, before, 20_000):
+            if not shows_a_change(page, cell, before, 5_000):
                 # After the controls before it moved, one end can give the same result (overlap
-                # matters little once communication dwarfs backward): the other end must not.
+                # matters little once communication dwarfs backward): the other end must not. A
+                # redraw slower than 5 s is no failure: the check below still compares with `before`.
                 handle.focus()
                 handle.press("End" if at_max else "Home")
                 assert shows_a_change(page, cell, before, 60_000), f"moving {label!r} changed nothing"

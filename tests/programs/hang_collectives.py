@@ -45,6 +45,8 @@ def main(how):
     for _ in range(3):  # a few collectives that match, so the mismatch is not the first
         dist.all_reduce(stats)
     print(f"rank {rank} ready", flush=True)
+    if len(sys.argv) > 2:  # tell the test (outside the launcher) that this rank reached the hang
+        open(f"{sys.argv[2]}.{how}.rank{rank}.ready", "w").close()
     if how == "mismatch":
         if rank == 0:
             dist.all_reduce(stats)
