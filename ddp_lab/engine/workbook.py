@@ -15,11 +15,11 @@ as it was.
 
 Every run writes timings.json (date, machine: cores, platform, torch version; per notebook
 its title, seconds, whether it passed, and the seconds of its core path and of its deep dives:
-see `ddp_lab.engine.corepath`), and prints each lesson's times when it ends. With `--workshop FILE` it also rewrites the timing
-table of the workshop guide between `<!-- timings:start -->` and `<!-- timings:end -->`: the
-row of each lesson that ran and passed gets its time, its core path's time and where they were measured; the rows of
-lessons that failed or did not run keep what they said, so a partial run never erases a
-measurement. A lesson without a row gets one.
+see `ddp_lab.engine.corepath`), and prints each lesson's times when it ends. With `--workshop
+FILE` it also rewrites the timing table of the workshop guide between `<!-- timings:start -->`
+and `<!-- timings:end -->`: the row of each lesson that ran and passed gets its time, its core
+path's time and where they were measured; the rows of lessons that failed or did not run keep
+what they said, so a partial run never erases a measurement. A lesson without a row gets one.
 """
 from __future__ import annotations
 
@@ -198,12 +198,12 @@ def main(argv: list[str]) -> int:
             failed.append(f"{path.name}: {error}")
     items = "\n".join(
         f'<tr><td><a href="{p.with_suffix(".html").name}">{html.escape(p.stem)}</a></td>'
-        f"<td>{html.escape(t)}</td><td>{s:.0f} s</td><td>{'FAILED' if e else 'ok'}</td></tr>"
-        for p, t, s, e, _ in rows)
+        f"<td>{html.escape(t)}</td><td>{s:.0f} s</td><td>{_secs(parts['core_seconds'])}</td>"
+        f"<td>{'FAILED' if e else 'ok'}</td></tr>" for p, t, s, e, parts in rows)
     (out_dir / "index.html").write_text(
         "<!doctype html><meta charset=utf-8><title>DDP Lab workbook</title>"
         "<h1>DDP Lab workbook</h1><p>Executed on this machine; times are execution only.</p>"
-        f"<table border=1 cellpadding=4><tr><th>file</th><th>title</th><th>ran in</th><th></th></tr>{items}</table>",
+        f"<table border=1 cellpadding=4><tr><th>file</th><th>title</th><th>ran in</th><th>core path</th><th></th></tr>{items}</table>",
         encoding="utf-8")
     timings = {**started, "notebooks": {
         p.name: {"title": t, "seconds": round(s, 1), "ok": not e,
