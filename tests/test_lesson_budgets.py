@@ -152,3 +152,20 @@ def test_the_readme_maps_each_core_path_and_its_deep_dives(readme):
     rows = table.strip().splitlines()[2:]
     want = [corepath.map_row(p.name.split("_")[0], cells(p)) for p in LESSONS]
     assert rows == want, f"{readme}: the core-path table is stale; its rows are now:\n" + "\n".join(want)
+
+
+def test_a_lesson_states_the_time_make_workbook_measured():
+    """A lesson that says how long it takes quotes the timing table `make workbook` rewrites
+    (docs/workshop.md), so its promise is a measurement, not a guess; 00 says it."""
+    table = (ROOT / "docs" / "workshop.md").read_text(encoding="utf-8").split("<!-- timings:start -->")[1]
+    measured = {row.split("|")[1].strip(): row.split("|")[3].strip()
+                for row in table.split("<!-- timings:end -->")[0].strip().splitlines()[2:]}
+    stated = {}
+    for lesson in LESSONS:
+        for s in markdown(lesson):
+            assert not re.search(r"under a minute|about \w+ minutes? on", s), f"{lesson.name}: a time not measured"
+            for seconds in re.findall(r"executed in (\d+) s\b", s):
+                stated[lesson.name.split("_")[0]] = f"{seconds} s"
+    assert "00" in stated, "00_first_launch.ipynb: its opening says how long it took, as measured"
+    for name, said in stated.items():
+        assert measured.get(name) == said, f"{name}: the lesson says {said}, the timing table {measured.get(name)}"
