@@ -1036,6 +1036,7 @@ def train(args, rank, world_size, device, backend):
     bar = progress_bar(args.progress, min(max_steps, end), step, is_main)
     per_batch = args.batch_size * world_size  # samples all ranks use per batch
     window = Window(device)
+    partial = step if resumed and step % args.log_every else None  # the first record then averages fewer steps
     in_a_row, first_step = 0, step  # optimizer steps skipped in a row (non-finite); where this run began
     loader_rng.manual_seed(rank_seed(args.seed, rank) + epoch)  # workers' seeds, once: the workers persist
     profiler = StepProfiler(args.profile_steps, args.profile_dir, rank, device)
@@ -1068,10 +1069,16 @@ def train(args, rank, world_size, device, backend):
             if bar:
                 bar.update(1)
             if step % args.log_every == 0 or step == max_steps or skipped:  # a skip is always recorded
-                rec = window.record(step=step, epoch=epoch, lr=lr_used, grad_norm=grad_norm.item(), skipped=skipped)
+                n = window.steps  # the steps this record averages
+                rec = window.record(step=step, epoch=epoch, lr=lr_used, grad_norm=grad_norm.item(), skipped=skipped,
+                                    steps=n)
                 metrics.write("train", **rec)
+                since = (f" (loss of the {n} step{'s' * (n != 1)} since the resume at step {partial}; "
+                         f"an uninterrupted run's record averages {args.log_every})") if partial is not None else ""
                 say(bar, is_main, f"step {step} epoch {epoch} loss {rec['loss']:.4f} lr {lr_used:.4g} "
-                    f"{rec['samples_per_s']:.0f} samples/s" + (" (skipped: non-finite gradients)" if skipped else ""))
+                    f"{rec['samples_per_s']:.0f} samples/s" + (" (skipped: non-finite gradients)" if skipped else "")
+                    + since)
+                partial = None
             # the same count on every rank (the gradients were all-reduced); never exit 0 having trained nothing
             if in_a_row >= args.max_skipped_steps or in_a_row == step - first_step and step >= min(max_steps, end):
                 raise UsageError(f"{in_a_row} optimizer step(s) in a row skipped, up to step {step}: the loss or the "

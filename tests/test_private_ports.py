@@ -1,7 +1,8 @@
 """A local launch listens on loopback only: its processes run in a private network namespace
-(ddp_lab.engine.private). Two real 2-rank launches (2 ranks on a node; 2 nodes in one namespace, as
-`ddp-lab verify` launches), each held open while the machine's listening sockets are read from /proc;
-the rest are unit tests of wrap(), mode() and the launch's spawn. The live ranks: test_interactive."""
+(ddp_lab.engine.private). Two real 2-rank jobs (a launch of 2 ranks on a node, as a notebook's; a
+`ddp-lab verify` run, which launches 2 nodes of one rank in one namespace), each held open while the
+machine's listening sockets are read from /proc; the rest are unit tests of wrap(), mode() and the
+launch's spawn. The live ranks: test_interactive."""
 import os
 import subprocess
 import sys
@@ -30,23 +31,39 @@ with runtime.distributed() as ctx:
         time.sleep(0.1)
 """
 
+# The same for `ddp-lab verify`, a plain torch.distributed script as a user's would be
+SCRIPT = """
+import os, sys, time
+from pathlib import Path
+import torch.distributed as dist
+gate = Path(sys.argv[1])
+dist.init_process_group("gloo")
+(gate / f"ready{dist.get_rank()}").write_text(str(os.getpid()))
+end = time.monotonic() + 240
+while not (gate / "open").exists() and time.monotonic() < end:
+    time.sleep(0.1)
+dist.destroy_process_group()
+"""
 
-# Two shapes of launch: 2 ranks on one node (a notebook's launch, `ddp-lab grade`), and 2 nodes of
-# one rank sharing one namespace (`ddp-lab verify`, a local multi-node launch)
-@pytest.fixture(scope="module", params=[(2, 1), (1, 2)], ids=["2 ranks", "2 nodes (verify)"])
+
+# Two kinds of job: a launch of 2 ranks on one node (a notebook's launch, `ddp-lab grade`), and a
+# `ddp-lab verify` run (2 nodes of one rank sharing one namespace, a local multi-node launch)
+@pytest.fixture(scope="module", params=["launch", "verify"], ids=["2 ranks", "verify"])
 def job(request, tmp_path_factory):
-    """One 2-rank launch; while both ranks are up: the job's pids, their socket inodes, the
-    listening sockets of this namespace and of the job's; then the Run."""
-    nproc, nnodes = request.param
+    """One 2-rank job; while both ranks are up: the job's pids, their socket inodes, the
+    listening sockets of this namespace and of the job's; then the Run (a launch) or the Report."""
     gate = tmp_path_factory.mktemp("gate")
     program = gate / "hold.py"
-    program.write_text(PROGRAM)
-    result = {}
+    program.write_text(PROGRAM if request.param == "launch" else SCRIPT)
+    result = {"kind": request.param}
 
     def run():
         try:
-            result["run"] = launch.torchrun(str(program), nproc=nproc, nnodes=nnodes, args=[gate], timeout=300,
-                                           stream=False)
+            if request.param == "launch":
+                result["run"] = launch.torchrun(str(program), nproc=2, args=[gate], timeout=300, stream=False)
+            else:
+                from ddp_lab.verify import verify
+                result["run"] = verify(program, args=[gate], timeout=300)
         except Exception as e:  # noqa: BLE001 - reported by the tests
             result["error"] = e
 
@@ -73,9 +90,13 @@ def job(request, tmp_path_factory):
     return seen
 
 
-def test_the_launch_returns_every_rank_record(job):
+def test_the_job_ran_its_two_ranks_to_the_end(job):
     assert "error" not in job, job.get("error")
-    assert sorted(r["rank"] for r in job["run"].select(kind="pid")) == [0, 1]
+    if job["kind"] == "launch":
+        assert sorted(r["rank"] for r in job["run"].select(kind="pid")) == [0, 1]
+    else:
+        report = job["run"]
+        assert report.error is None and [(r["ranks"], r["returncode"]) for r in report.runs] == [(2, 0)], report.text()
 
 
 def test_no_listener_of_the_job_is_reachable_from_the_network(job):

@@ -202,6 +202,10 @@ def test_crash_then_restart_is_bitwise_identical(ref, tmp_path):
     ref_final = [r for r in ref_recs if r["kind"] == "final"][0]
     assert final[0]["step"] == 20
     assert final[0]["params_sha256"] == ref_final["params_sha256"]
+    # the first record after the resume averages step 15 alone, the uninterrupted run's steps 11-15; it says so
+    assert [r["steps"] for r in a1 if r["kind"] == "train" and r["step"] == 15] == [1]
+    assert [r["steps"] for r in ref_recs if r["kind"] == "train" and r["step"] == 15] == [5]
+    assert "(loss of the 1 step since the resume at step 14; an uninterrupted run's record averages 5)" in run.log
     # both runs log steps 16-20 as one window: the same global loss, bit for bit
     assert [r["loss"] for r in a1 if r["kind"] == "train" and r["step"] == 20] == \
            [r["loss"] for r in ref_recs if r["kind"] == "train" and r["step"] == 20]

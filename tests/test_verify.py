@@ -84,6 +84,7 @@ BROKEN = [  # script, category, rank, step, words in the message or evidence
     ("bad_lr_rank", "replica-divergence", 1, 1, "learning rates differ: [0.05] on rank 0, [0.1] on rank 1"),
     ("bad_rank0_scheduler", "replica-divergence", 1, 2, "agreed at step 1, then differ"),
     ("bad_accum", "comm-per-step", 0, 1, "4 gradient all-reduces before step 1"),
+    ("bad_same_dropout", "same-noise", None, 1, "every rank draws the same dropout masks"),
     ("bad_nan_skip", "hang", 0, 5, "a NaN skip on one rank"),
 ]
 
@@ -184,3 +185,15 @@ def test_findings_name_the_scripts_line(verified):
     _, report = verified("bad_set_epoch")
     (f,) = report["findings"]
     assert f["category"] == "data-coverage" and f["line"] == line_of("bad_set_epoch", "in self.loader")
+
+
+def test_dropout_with_one_seed_is_found_at_the_forward_and_a_seed_per_rank_is_clean(verified):
+    """bad_same_dropout: one seed, so the masks are the same on every rank; good_nanogpt seeds with
+    1337 + rank after making the data, so its dropout forwards are watched and differ."""
+    _, report = verified("bad_same_dropout")
+    lines = (HERE / "bad_same_dropout.py").read_text().splitlines()
+    forward = next(i for i, x in enumerate(lines, 1) if "model(x)" in x)
+    assert report["findings"][0]["line"] == f"{HERE / 'bad_same_dropout.py'}:{forward}", report
+    assert "torch.manual_seed(seed + rank)" in report["findings"][0]["fix"]
+    status, clean = verified("good_nanogpt")
+    assert status == 0 and any("training forwards of the DDP model (dropout)" in c for c in clean["checked"]), clean

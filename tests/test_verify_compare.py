@@ -235,3 +235,20 @@ def test_schedulers_of_successive_runs_are_told_apart(tmp_path):
     assert len({r["sched"] for r in records}) == 6                      # one number per scheduler
     assert [r["opt_steps"] for r in records] == [1, 2, 3] * 6           # each optimizer counts its own
     assert lr_per_step({0: records + [{"kind": "step"}] * 18}, []) == []
+
+
+def forwards(states, moved=True):
+    """Each rank's first training forward of DDP model 0, from generator state states[rank]."""
+    return {r: [{"kind": "forward", "ddp": 0, "forward": 0, "step": 0, "at": "train.py:40",
+                 "torch": [h, h + "'" if moved else h]}] for r, h in enumerate(states)}
+
+
+def test_dropout_masks_drawn_from_the_same_state_on_every_rank_are_found_at_the_forward():
+    found = same_noise(forwards(["a", "a"]), 2, [])
+    assert [(f.category, f.step, f.line) for f in found] == [("same-noise", 1, "train.py:40")]
+    assert "same dropout masks" in found[0].message
+
+
+@pytest.mark.parametrize("states, moved", [(["a", "b"], True), (["a", "a"], False), (["a"], True)])
+def test_a_seed_per_rank_a_forward_without_dropout_or_a_missing_rank_is_no_finding(states, moved):
+    assert same_noise(forwards(states, moved), 2, []) == []

@@ -305,7 +305,8 @@ def comm_per_step(records: dict, notes: list) -> list:
 LIMITS = (  # what these checks cannot see, whatever the run: said beside a clean report
     "augmentation noise drawn the same on every rank in DataLoader workers, or from a generator of its "
     "own (only torch's and Python's global generators are watched, in a single-process loader), and "
-    "dropout masks drawn the same on every rank",
+    "dropout masks drawn the same on every rank from a generator of the script's own, or after the first "
+    "2 training forwards",
     "a learning rate set by hand per micro-batch (param_group['lr'] = ...) instead of by an LR scheduler, "
     "or a scheduler stepped per micro-batch in a run of fewer than 3 optimizer steps",
     "a metric averaged as a mean of per-rank means, or a validation set that DistributedSampler pads "

@@ -4,8 +4,8 @@ of ddp_lab/verify/_inject.
 - lr-per-step (every run): each LR scheduler steps at most once per optimizer step;
 - eval-count (every run): an all-reduced count of an evaluation pass that includes the samples
   DistributedSampler repeats to pad the last round;
-- same-noise (every run): random numbers drawn while a training batch is loaded (augmentation) from a
-  generator in the same state on every rank;
+- same-noise (every run): random numbers drawn while a training batch is loaded (augmentation), or in
+  the DDP model's training forward (dropout), from a generator in the same state on every rank;
 - grad-scale (--scaling, one more launch): the 1-rank run takes step 1 on rank 0's batches, from the
   same parameters; rank 0's own gradient (before DDP averages it) must equal the 1-rank gradient.
 """
@@ -122,6 +122,31 @@ def same_noise(records: dict, world: int, notes: list) -> list:
                                 "seed the data path per rank: torch.manual_seed(seed + rank) (and random.seed) after "
                                 "the model is built and wrapped (DDP copies rank 0's parameters anyway), or give the "
                                 "augmentation a torch.Generator seeded with seed + rank", x.get("at"))]
+    return same_masks(records, world)
+
+
+def same_masks(records: dict, world: int) -> list:
+    """One of the first training forwards of a DDP model moved torch's global generator on every rank
+    (dropout), and that generator was in the same state on every rank before it."""
+    ranks = sorted(records)
+    forwards = {r: {(x["ddp"], x["forward"]): x for x in recs} for r, recs in _kind(records, "forward").items()}
+    if len(forwards) < world:
+        return []
+    for key in sorted(set.intersection(*(set(f) for f in forwards.values()))):
+        xs = {r: forwards[r][key] for r in ranks}
+        if all(x["torch"][0] != x["torch"][1] for x in xs.values()) and len({x["torch"][0] for x in xs.values()}) == 1:
+            x = xs[ranks[0]]
+            return [Finding("same-noise", None, x["step"] + 1,
+                            "every rank draws the same dropout masks: torch's global generator is in the same "
+                            "state on every rank (one seed) when the model's forward draws from it, so each "
+                            "step drops the same units on every rank and the averaged gradient sees one mask, "
+                            "not one per rank",
+                            f"training forward {key[1] + 1} of DDP model {key[0]}: the generator's state before "
+                            f"it hashes to {x['torch'][0]} on all {world} ranks; the forward moved the generator "
+                            f"on every rank",
+                            "seed each rank after the model is built and wrapped: torch.manual_seed(seed + rank) "
+                            "after DDP(model) (DDP copies rank 0's parameters, so the replicas still start equal)",
+                            x.get("at"))]
     return []
 
 
@@ -144,6 +169,10 @@ def checked(records: dict) -> list:
     if watched:
         out.append(f"same-noise: torch's and Python's global generators before and after loading each of "
                    f"{len(watched)} training batches (the first 2 of each pass) on every rank")
+    forwards = {(x["ddp"], x["forward"]) for recs in _kind(records, "forward").values() for x in recs}
+    if forwards:
+        out.append(f"same-noise: torch's global generator before and after each of {len(forwards)} training "
+                   f"forward{'s' if len(forwards) > 1 else ''} of the DDP model (dropout) on every rank")
     return out
 
 

@@ -1,6 +1,7 @@
 """Correct, nanoGPT style: gradient accumulation that turns the all-reduce off with
 `model.require_backward_grad_sync = (micro_step == K - 1)` instead of no_sync(), an
-infinite-sampler-free loop over a DistributedSampler, a checkpoint every step on rank 0."""
+infinite-sampler-free loop over a DistributedSampler, a checkpoint every step on rank 0, dropout
+with a seed per rank (1337 + rank, as nanoGPT's seed_offset), set after the data is made."""
 import os
 
 import torch
@@ -27,7 +28,8 @@ def main():
     data = TensorDataset(torch.randn(128, 8), torch.randn(128, 1))
     sampler = DistributedSampler(data)
     batches = get_batches(DataLoader(data, batch_size=16, sampler=sampler), sampler)
-    model = DDP(nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1)))
+    torch.manual_seed(1337 + dist.get_rank())  # each rank its own dropout masks
+    model = DDP(nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 1)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for it in range(6):
         for micro_step in range(GRAD_ACCUM):

@@ -10,7 +10,10 @@ compute:
   count that includes DistributedSampler's padding can be recognised;
 - a single-process DataLoader's fetch of the first DRAWS batches of each pass: a hash of torch's
   global generator and of Python's `random` before and after, so random numbers drawn in the data
-  path (augmentation) from a generator in the same state on every rank can be recognised.
+  path (augmentation) from a generator in the same state on every rank can be recognised;
+- the first FORWARDS training forwards of each DDP model: the same hash of torch's global generator
+  (and the current CUDA device's) before and after, so dropout masks drawn from a generator in the
+  same state on every rank can be recognised.
 """
 import functools
 import itertools
@@ -18,6 +21,7 @@ import itertools
 MAX_REDUCES = 200  # small all-reduces recorded per rank
 MAX_NUMEL = 16
 DRAWS = 2  # batches per pass whose loading is watched for random numbers
+FORWARDS = 2  # training forwards of each DDP model watched for random numbers (dropout)
 
 
 def patch(obs, safe, user_line):
@@ -92,6 +96,35 @@ def patch(obs, safe, user_line):
             safe(note_draw, self, before, batch)
         return data
     dl._SingleProcessDataLoaderIter._next_data = _next_data
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    models = []  # the DDP models in the order of their first training forward
+
+    def forward_state():
+        state = torch.random.get_rng_state().numpy().tobytes()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state += torch.cuda.get_rng_state().numpy().tobytes()
+        return hashlib.blake2b(state, digest_size=8).hexdigest()
+
+    def before_forward(module, inputs):
+        if isinstance(module, DDP) and module.training and torch.is_grad_enabled():
+            if not any(m is module for m in models):
+                models.append(module)
+            if module.__dict__.get("_ddp_lab_forwards", 0) < FORWARDS:
+                module.__dict__["_ddp_lab_rng"] = forward_state()
+
+    def after_forward(module, inputs, output):
+        before = module.__dict__.pop("_ddp_lab_rng", None) if isinstance(module, DDP) else None
+        if before is None:
+            return
+        n = module.__dict__.get("_ddp_lab_forwards", 0)
+        module.__dict__["_ddp_lab_forwards"] = n + 1
+        obs.write({"kind": "forward", "ddp": next(i for i, m in enumerate(models) if m is module), "forward": n,
+                   "step": obs.steps, "torch": [before, forward_state()], "at": user_line()})
+
+    hooks = torch.nn.modules.module
+    hooks.register_module_forward_pre_hook(lambda m, i: safe(before_forward, m, i))
+    hooks.register_module_forward_hook(lambda m, i, o: safe(after_forward, m, i, o))
 
     original = dist.all_reduce
     seen = [0]
