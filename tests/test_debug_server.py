@@ -1,4 +1,4 @@
-"""Notebook 07 section 10's reader of torch's debug server, without a job: the pages come from
+"""Notebook 07's reader of torch's debug server, without a job: the pages come from
 torch's own templates, served by a stdlib HTTP server. (The notebook runs the real server.)"""
 import http.server
 import threading

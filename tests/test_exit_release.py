@@ -64,7 +64,7 @@ def test_survey_train_destroys_the_group_while_its_ddp_model_is_alive(tmp_path):
     """The survey's train() (section 3.4) ends with cleanup() -> destroy_process_group() while its DDP
     model is still a local: the group is destroyed under a live DDP and its reducer, every run. With the
     collector off, the model then outlives train() itself (torch's frame cycle), with no group left:
-    what section 7 of notebook 07 describes as the precondition of the exit abort."""
+    what notebook 07's deep dive on the SIGABRT at exit describes as the precondition of the exit abort."""
     import ast
     tree = ast.parse(SURVEY.read_text(encoding="utf-8"))
     funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}

@@ -20,7 +20,7 @@ _FALLBACK_SECTIONS = {
     "skipped": ("notebooks/07_troubleshooting.ipynb", "1. A rank skips a collective"),
     "hang": ("notebooks/02_sampler_and_metrics.ipynb", "5. Uneven batches per rank: the hang, then the fix"),
 }
-MISMATCH_SECTION = ("notebooks/07_troubleshooting.ipynb", "2. Mismatched collectives: different shapes or dtypes")
+MISMATCH_SECTION = ("notebooks/07_troubleshooting.ipynb", "Deep dive: mismatched collectives, different shapes or dtypes")
 
 
 def _section(key: str):

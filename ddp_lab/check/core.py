@@ -37,10 +37,10 @@ SECTIONS = {
     "prefixes": ("notebooks/06_checkpointing.ipynb", "2. The `module.` and `_orig_mod.` prefixes"),
     "load": ("notebooks/06_checkpointing.ipynb", "4. Reading a checkpoint back on N ranks"),
     "skipped": ("notebooks/07_troubleshooting.ipynb", "1. A rank skips a collective"),
-    "launch": ("notebooks/07_troubleshooting.ipynb", "4. Launch and rendezvous failures"),
+    "launch": ("notebooks/07_troubleshooting.ipynb", "Deep dive: launch and rendezvous failures"),
     "slurm": ("notebooks/10_laptop_to_cluster.ipynb", "3. Two real machines, and SLURM"),
-    "divergence": ("notebooks/07_troubleshooting.ipynb", "6. Silent divergence: replicas that drift apart"),
-    "identity": ("notebooks/07_troubleshooting.ipynb", "8. Wrong identity"),
+    "divergence": ("notebooks/07_troubleshooting.ipynb", "Deep dive: silent divergence, replicas that drift apart"),
+    "identity": ("notebooks/07_troubleshooting.ipynb", "Deep dive: wrong identity"),
 }
 
 

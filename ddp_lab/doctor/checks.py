@@ -134,7 +134,7 @@ def allreduce(plan) -> list[Check]:
         r = measure(2, backend, megabytes=64 if backend == "nccl" else 16)
         if not r["ok"]:
             out.append(Check(f"allreduce_{backend}", "fail", f"2-process {backend} all-reduce failed: {r['error']}",
-                             "run notebook 07 section 4; try GLOO_SOCKET_IFNAME=lo (or NCCL_SOCKET_IFNAME)", r))
+                             "see notebook 07's deep dive on launch and rendezvous failures; try GLOO_SOCKET_IFNAME=lo (or NCCL_SOCKET_IFNAME)", r))
             continue
         detail = (f"2 processes, {r['megabytes']:g} MB: {r['seconds'] * 1e3:.1f} ms, "
                   f"bus bandwidth {r['busbw_gbs']:.2f} GB/s")

@@ -1,4 +1,5 @@
-"""Notebook 07, sections 1-2: a rank that skips a collective, and collectives that do not match.
+"""Notebook 07, section 1 and the deep dive on mismatched collectives: a rank that skips a
+collective, and collectives that do not match.
 
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_collectives
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_collectives --abort

@@ -1,4 +1,5 @@
-"""Notebook 07, sections 3, 6 and 7: what goes wrong inside a DDP training loop.
+"""Notebook 07, deep dives on unused parameters, silent divergence and the SIGABRT at exit: what
+goes wrong inside a DDP training loop.
 
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_ddp
 

@@ -1,4 +1,4 @@
-"""Notebook 07, section 10: torch's debug server, live, on a job that hangs.
+"""Notebook 07, deep dive: torch's debug server, live, on a job that hangs.
 
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb07_debug_server --port 8123 --release /tmp/go
     # while it hangs, open http://localhost:8123/stacks and /fr_trace_json; then `touch /tmp/go`

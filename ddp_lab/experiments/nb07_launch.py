@@ -1,4 +1,5 @@
-"""Notebook 07, sections 4 and 8: rendezvous failures, GLOO_SOCKET_IFNAME, and wrong identity.
+"""Notebook 07, deep dives on launch failures and wrong identity: rendezvous failures,
+GLOO_SOCKET_IFNAME, and wrong identity.
 
     torchrun --nnodes 2 --node_rank N --master_addr HOST --master_port PORT --nproc_per_node 1 \
         -m ddp_lab.experiments.nb07_launch SHARED_DIR

@@ -1,4 +1,5 @@
-"""Notebook 07, section 5: what torchrun's failure summary shows, with and without @record.
+"""Notebook 07, deep dive on torchrun's error_file: what torchrun's failure summary shows, with
+and without @record.
 
     torchrun --standalone --nproc_per_node=1 -m ddp_lab.experiments.nb07_record
     torchrun --standalone --nproc_per_node=1 -m ddp_lab.experiments.nb07_record --record
