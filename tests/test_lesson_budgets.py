@@ -1,6 +1,7 @@
 """The lessons' reading budget, checked from the notebooks' JSON (nothing runs): no markdown cell
 longer than a screenful, a "What you can now do" list in every lesson, and every term of
 docs/terms.json defined at or before its first use, in the README's teaching order."""
+import ast
 import functools
 import json
 import re
@@ -170,3 +171,53 @@ def test_a_lesson_points_at_the_time_make_workbook_measured():
                 pointing.add(lesson.name.split("_")[0])
     assert "00" in pointing, "00_first_launch.ipynb: its opening points at the measured time"
     assert "timing table" in markdown(LESSONS[0])[0], "00: the pointer is in its first cell"
+
+
+FIRST_CELLS = 10  # a launched DDP program and the check of what it did, within a lesson's first cells
+LAUNCHES = {("launch", "torchrun"), ("interactive", "start"), ("doctor", "run_checks")}
+
+
+def _tree(cell: dict):
+    source = "".join(cell["source"])
+    if source.startswith("%%"):
+        return None
+    return ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()))
+
+
+def first_launch_and_check(cells: list) -> tuple:
+    """(the index of the first code cell that launches ranks, of the first cell at or after it that
+    asserts): a launch is launch.torchrun, interactive.start or doctor.run_checks, called from the
+    cell or through a function an earlier cell defined around one."""
+    helpers, launched = set(), None
+    for i, cell in enumerate(cells):
+        tree = _tree(cell) if cell["cell_type"] == "code" else None
+        if tree is None:
+            continue
+        def launches(node) -> bool:
+            return any(isinstance(n, ast.Call) and (
+                isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                and (n.func.value.id, n.func.attr) in LAUNCHES
+                or isinstance(n.func, ast.Name) and n.func.id in helpers) for n in ast.walk(node))
+        top = [n for n in tree.body if not isinstance(n, ast.FunctionDef)]
+        helpers |= {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and launches(n)}
+        if launched is None and any(launches(n) for n in top):
+            launched = i
+        if launched is not None and any(isinstance(n, ast.Assert) for t in top for n in ast.walk(t)):
+            return launched, i
+    return launched, None
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_a_launched_program_and_its_check_come_first(lesson):
+    """Every lesson opens with its DDP point: ranks launched, and an assertion on what they did, within
+    its first FIRST_CELLS cells (a lesson whose explanations come first starts its launch at the top)."""
+    launched, checked = first_launch_and_check(cells(lesson))
+    assert launched is not None and launched < FIRST_CELLS, f"{lesson.name}: first launch in cell {launched}"
+    assert checked is not None and checked < FIRST_CELLS, f"{lesson.name}: first check of it in cell {checked}"
+
+
+def test_the_launch_finder_sees_a_helper_and_skips_a_definition():
+    code = lambda s: {"cell_type": "code", "source": s}
+    assert first_launch_and_check([code("def go():\n    return launch.torchrun('x')"), code("x = 1"),
+                                   code("run = go()"), code("assert run")]) == (2, 3)
+    assert first_launch_and_check([code("def go():\n    return launch.torchrun('x')"), code("assert 1")]) == (None, None)

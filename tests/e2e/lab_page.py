@@ -23,6 +23,7 @@ class LabPage:
                      if m.type == "error" else None)
         self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
         self.shots, self.n_shots = shots, 0
+        self.path = path
         self.page.goto(lab.url(path))
         self.wait(f"{PANEL} && {PANEL}.content && {PANEL}.context.isReady", 120, "the notebook never opened")
         self.id = self.js(f"{PANEL}.id")
@@ -112,6 +113,13 @@ class LabPage:
     def shot(self, locator, name: str) -> None:
         self.n_shots += 1
         locator.screenshot(path=str(self.shots / f"{self.n_shots:02d}_{name}.png"))
+
+    def reload(self) -> None:
+        """Load the page again, as a learner reopening the lab's tab does: the same notebook and kernel."""
+        self.page.reload()
+        self.wait(f"{PANEL} && {PANEL}.content && {PANEL}.context.isReady", 120, "the notebook never opened again")
+        self.id = self.js(f"{PANEL}.id")
+        assert self.js(f"{PANEL}.context.path") == self.path, "another document is in front after the reload"
 
     def close(self) -> None:
         self.page.close()

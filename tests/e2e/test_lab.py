@@ -14,7 +14,7 @@ import pytest
 
 from conftest import processes_with, wait_until, widget_cells, widget_makers  # tests/conftest.py
 
-from .lab_page import NOTEBOOKS, ROOT, LabPage, widget_snapshot
+from .lab_page import NOTEBOOKS, PANEL, ROOT, LabPage, widget_snapshot
 
 RING = "notebooks/03_ring_allreduce.ipynb"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -39,11 +39,32 @@ def test_widget_makers_are_found():
     assert (RING, next(i for n, i in widget_cells() if n == RING)) in widget_cells()
 
 
+OPENS = 4  # "Error displaying widget: model not found" was once seen in 1 of 4 opens of notebook 09
+
+
 @pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix() for p in NOTEBOOKS.glob("*.ipynb")))
 def test_notebook_opens_unmodified(open_notebook, path):
+    """Every notebook opens unmodified. One with widgets is then reloaded, before any cell runs, until
+    it has opened OPENS times: each time every widget cell shows its one line ("run this cell to use
+    the controls"), never "Error displaying widget", and the console stays clean. The stored
+    notebooks hold no widget view (`make workbook` stores the line instead), so no open can ask the
+    kernel for a widget model it never made: the cause of that message."""
     page = open_notebook(path)
     assert not page.dirty, (f"{path} opens marked as modified: JupyterLab rewrote it on opening "
-                            f"(kernelspec {page.js('window.jupyterapp.shell.currentWidget.context.model.metadata.kernelspec')})")
+                            f"(kernelspec {page.js(f'{PANEL}.context.model.metadata.kernelspec')})")
+    cells = [i for p, i in widget_cells() if p == path]
+    for k in range(OPENS if cells else 0):
+        if k:
+            page.reload()
+        for index in cells:  # JupyterLab draws only the cells near the view: bring each one there
+            cell = f"{PANEL}.content.widgets[{index}]"
+            page.js(f"({PANEL}.content.activeCellIndex = {index}, {PANEL}.content.scrollToItem"
+                    f" && {PANEL}.content.scrollToItem({index}), true)")
+            page.wait(f"{cell}.outputArea.node.innerText.includes('run this cell')", 30,
+                      f"open {k + 1}: the widget cell {index} never showed its line")
+            text = page.js(f"{cell}.outputArea.node.innerText")
+            assert "Error displaying widget" not in text and "model not found" not in text, (k, index, text[:200])
+        assert not page.errors, f"open {k + 1} of {path}: " + "\n".join(page.errors)
 
 
 @pytest.mark.parametrize("trusted", [True, False], ids=["trusted", "untrusted"])
