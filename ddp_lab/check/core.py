@@ -18,8 +18,8 @@ from typing import Callable, Iterable
 # Titles are the `##`/`###` headings as they are in the notebooks (tests/test_check_cli.py
 # checks that each one still exists).
 SECTIONS = {
-    "backend": ("notebooks/00_first_launch.ipynb", "1. The environment checklist"),
-    "ranks": ("notebooks/00_first_launch.ipynb", "2. Nodes, devices, processes, ranks"),
+    "backend": ("notebooks/00_first_launch.ipynb", "3. The environment checklist"),
+    "ranks": ("notebooks/00_first_launch.ipynb", "1. Nodes, devices, processes, ranks"),
     "comments": ("notebooks/00_first_launch.ipynb", "Why a widely copied command breaks the shell"),
     "bang": ("notebooks/00_first_launch.ipynb", "5. Why not `!torchrun` in a cell?"),
     "dataparallel": ("notebooks/01_dataparallel_vs_ddp.ipynb", "1. Two dataflows"),
