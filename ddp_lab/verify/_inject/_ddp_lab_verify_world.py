@@ -98,7 +98,6 @@ def patch(obs, safe, user_line):
     dl._SingleProcessDataLoaderIter._next_data = _next_data
 
     from torch.nn.parallel import DistributedDataParallel as DDP
-    models = []  # the DDP models in the order of their first training forward
 
     def forward_state():
         state = torch.random.get_rng_state().numpy().tobytes()
@@ -108,8 +107,6 @@ def patch(obs, safe, user_line):
 
     def before_forward(module, inputs):
         if isinstance(module, DDP) and module.training and torch.is_grad_enabled():
-            if not any(m is module for m in models):
-                models.append(module)
             if module.__dict__.get("_ddp_lab_forwards", 0) < FORWARDS:
                 module.__dict__["_ddp_lab_rng"] = forward_state()
 
@@ -119,7 +116,8 @@ def patch(obs, safe, user_line):
             return
         n = module.__dict__.get("_ddp_lab_forwards", 0)
         module.__dict__["_ddp_lab_forwards"] = n + 1
-        obs.write({"kind": "forward", "ddp": next(i for i, m in enumerate(models) if m is module), "forward": n,
+        number = next((i for i, m in enumerate(obs.ddp) if m is module), 0)  # the observer found it first
+        obs.write({"kind": "forward", "ddp": number, "forward": n,
                    "step": obs.steps, "torch": [before, forward_state()], "at": user_line()})
 
     hooks = torch.nn.modules.module
