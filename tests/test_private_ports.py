@@ -1,6 +1,6 @@
 """A local launch listens on loopback only: its processes run in a private network namespace
-(ddp_lab.engine.private). Two real 2-rank jobs (a launch of 2 ranks on a node, as a notebook's; a
-`ddp-lab verify` run, which launches 2 nodes of one rank in one namespace), each held open while the
+(ddp_lab.engine.private). Three real 2-rank jobs (a launch of 2 ranks on a node, as a notebook's; a
+local launch of 2 nodes of one rank, which share one namespace; a `ddp-lab verify` run), each held open while the
 machine's listening sockets are read from /proc; the rest are unit tests of wrap(), mode() and the
 launch's spawn. The live ranks: test_interactive."""
 import os
@@ -46,21 +46,23 @@ dist.destroy_process_group()
 """
 
 
-# Two kinds of job: a launch of 2 ranks on one node (a notebook's launch, `ddp-lab grade`), and a
-# `ddp-lab verify` run (2 nodes of one rank sharing one namespace, a local multi-node launch)
-@pytest.fixture(scope="module", params=["launch", "verify"], ids=["2 ranks", "verify"])
+# Three kinds of job: a launch of 2 ranks on one node (a notebook's launch, `ddp-lab grade`), a local
+# launch of 2 nodes of one rank (they share one namespace and meet on its loopback), and a
+# `ddp-lab verify` run
+@pytest.fixture(scope="module", params=["launch", "nodes", "verify"], ids=["2 ranks", "2 nodes", "verify"])
 def job(request, tmp_path_factory):
     """One 2-rank job; while both ranks are up: the job's pids, their socket inodes, the
     listening sockets of this namespace and of the job's; then the Run (a launch) or the Report."""
     gate = tmp_path_factory.mktemp("gate")
     program = gate / "hold.py"
-    program.write_text(PROGRAM if request.param == "launch" else SCRIPT)
+    program.write_text(SCRIPT if request.param == "verify" else PROGRAM)
     result = {"kind": request.param}
 
     def run():
         try:
-            if request.param == "launch":
-                result["run"] = launch.torchrun(str(program), nproc=2, args=[gate], timeout=300, stream=False)
+            if request.param != "verify":
+                nodes = {"nproc": 1, "nnodes": 2} if request.param == "nodes" else {"nproc": 2}
+                result["run"] = launch.torchrun(str(program), args=[gate], timeout=300, stream=False, **nodes)
             else:
                 from ddp_lab.verify import verify
                 result["run"] = verify(program, args=[gate], timeout=300)
@@ -92,7 +94,7 @@ def job(request, tmp_path_factory):
 
 def test_the_job_ran_its_two_ranks_to_the_end(job):
     assert "error" not in job, job.get("error")
-    if job["kind"] == "launch":
+    if job["kind"] != "verify":
         assert sorted(r["rank"] for r in job["run"].select(kind="pid")) == [0, 1]
     else:
         report = job["run"]

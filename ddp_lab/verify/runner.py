@@ -1,8 +1,10 @@
 """Run a script on CPU ranks through ddp_lab.engine.launch with the observer armed, then compare.
 
 The script runs unchanged, with its working directory in a scratch folder (whatever it writes
-stays there). Each simulated node runs one rank, so LOCAL_RANK is 0 on every rank while RANK is
-not: a script that shards by LOCAL_RANK shows it here, as it would on a cluster.
+stays there). Every rank sees the variables of a node with one rank (the observer sets them before
+the script starts), so LOCAL_RANK is 0 on every rank while RANK is not: a script that shards by
+LOCAL_RANK shows it here, as it would on a cluster. One torchrun starts the ranks: a torchrun per
+simulated node would cost a second agent's start and rendezvous for the same variables.
 """
 from __future__ import annotations
 
@@ -122,13 +124,13 @@ def launch_observed(path, args, world, records_dir, work, timeout, pg_timeout, e
     # Each rank moves into `work` itself (the observer, at its start), so the script's own files land
     # in the scratch folder while this process's working directory, the caller's, never changes.
     env = {"DDP_LAB_VERIFY_DIR": str(records_dir), "DDP_LAB_VERIFY_PG_TIMEOUT": str(pg_timeout),
-           "DDP_LAB_VERIFY_WORKDIR": str(work),
+           "DDP_LAB_VERIFY_WORKDIR": str(work), "DDP_LAB_VERIFY_ONE_PER_NODE": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(INJECT), os.environ.get("PYTHONPATH")])),
            **(extra_env or {})}
     error = None
     t0 = time.monotonic()
     try:
-        launch.torchrun(str(path), nproc=1, nnodes=world, args=args, timeout=timeout, env=env, stream=False)
+        launch.torchrun(str(path), nproc=world, args=args, timeout=timeout, env=env, stream=False)
     except launch.LaunchError as e:
         error = e
     return _read(records_dir), error, time.monotonic() - t0

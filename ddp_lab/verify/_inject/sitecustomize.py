@@ -29,6 +29,9 @@ imports torch and wraps, without changing what they compute:
 - LR schedulers' steps and the script's small all-reduces: _ddp_lab_verify_world.py;
 - init_process_group: its timeout capped at DDP_LAB_VERIFY_PG_TIMEOUT seconds, so a hang fails fast;
 - the working directory: a rank starts in DDP_LAB_VERIFY_WORKDIR (verify's scratch folder).
+- with DDP_LAB_VERIFY_ONE_PER_NODE=1, each rank's LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and
+  GROUP_WORLD_SIZE are those of a node with one rank (LOCAL_RANK 0 everywhere), set before the
+  script reads them: one torchrun runs the ranks, not one per simulated node.
 
 Records are JSON lines in $DDP_LAB_VERIFY_DIR/rank{R}.jsonl. Every wrapper falls back to the
 original behaviour if its own bookkeeping fails. No wrapper of ours is on the stack while the
@@ -41,6 +44,7 @@ import sys
 ENV = "DDP_LAB_VERIFY_DIR"
 WORKDIR = "DDP_LAB_VERIFY_WORKDIR"  # the rank's working directory (verify's scratch folder)
 _OWNER = "DDP_LAB_VERIFY_PID"
+ONE_PER_NODE = "DDP_LAB_VERIFY_ONE_PER_NODE"  # "1": each rank sees the variables of a 1-rank node
 _HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_INDICES = 200_000  # per pass: larger orders are summarised, not listed
 SHOW_LINES = 8  # the script's lines of the all-reduce rounds kept per step
@@ -408,6 +412,9 @@ def _main():
     if os.environ.get(_OWNER):
         return  # a child of a rank (a DataLoader worker), or this rank is observed already
     os.environ[_OWNER] = str(os.getpid())
+    if os.environ.get(ONE_PER_NODE) == "1":  # as if each rank were alone on a node of its own
+        os.environ.update({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": rank,
+                           "GROUP_WORLD_SIZE": os.environ.get("WORLD_SIZE", "1")})
     obs = _Observer(folder, int(rank))
     work = os.environ.get(WORKDIR)
     if work:  # the scratch folder: the parent never changes its own working directory
