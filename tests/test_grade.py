@@ -112,6 +112,29 @@ def test_progress_keeps_a_pass_and_reads_the_file_given(grades_file, capsys):
     assert json.loads(grades_file.read_text())["05.4"]["last"] == "failed"
 
 
+# Two kernels recording at once (two notebooks open): each process records its own exercises, many
+# times over; every verdict is in the file afterwards, which is whole, with no temporary file left.
+RECORDER = """
+import sys
+from ddp_lab import grade
+from ddp_lab.grade import store
+ids = sys.argv[1:]
+for i in range(40):
+    store.record(grade.REGISTRY[ids[i % len(ids)]], True)
+"""
+
+
+def test_two_kernels_recording_at_once_lose_no_verdict(grades_file):
+    import subprocess
+    import sys
+    mine = [["05.4", "02.4"], ["09.5", "10.5"]]
+    procs = [subprocess.Popen([sys.executable, "-c", RECORDER, *ids], cwd=ROOT) for ids in mine]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    grades = json.loads(grades_file.read_text())
+    assert sorted(grades) == sorted(sum(mine, [])) and all(g["passed"] for g in grades.values())
+    assert sorted(p.name for p in grades_file.parent.iterdir()) == ["grades.json", "grades.json.lock"]
+
+
 def test_unreadable_grades_file_says_what_to_do(grades_file):
     grades_file.write_text("{not json")
     with pytest.raises(RuntimeError, match="delete it or point DDP_LAB_GRADES"):

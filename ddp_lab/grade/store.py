@@ -1,6 +1,8 @@
-"""Which exercises pass: a small JSON file, ~/.ddp_lab/grades.json (DDP_LAB_GRADES overrides)."""
+"""Which exercises pass: a small JSON file, ~/.ddp_lab/grades.json (DDP_LAB_GRADES overrides), and
+grades.json.lock beside it, which lets two kernels that record at once take turns."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -24,16 +26,34 @@ def load() -> dict:
 
 
 def record(exercise, passed: bool) -> None:
-    """Remember the latest verdict; a pass stays a pass when a later try fails."""
-    grades = load()
-    before = grades.get(exercise.id, {})
-    grades[exercise.id] = {"notebook": exercise.notebook, "passed": bool(passed or before.get("passed")),
-                           "last": "passed" if passed else "failed", "time": time.strftime("%Y-%m-%d %H:%M")}
+    """Remember the latest verdict; a pass stays a pass when a later try fails. Two kernels recording
+    at once (two notebooks open) take turns, so neither verdict is lost."""
     target = path()
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps(grades, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, target)  # atomic: two kernels saving at once leave one whole file
+    with _turn(target):
+        grades = load()
+        before = grades.get(exercise.id, {})
+        grades[exercise.id] = {"notebook": exercise.notebook, "passed": bool(passed or before.get("passed")),
+                               "last": "passed" if passed else "failed", "time": time.strftime("%Y-%m-%d %H:%M")}
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(grades, indent=1, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, target)  # atomic: a reader sees the old file or the new one, whole
+
+
+@contextlib.contextmanager
+def _turn(target: Path):
+    """An exclusive lock on a file beside target (where fcntl exists; elsewhere, no lock)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(target.with_name(f"{target.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def progress(show: bool = True) -> dict:

@@ -141,8 +141,10 @@ def save_fit(path, alpha: float, beta: float, n: int, sizes, backend: str) -> di
               "torch": torch.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
               "processor": platform.processor() or platform.machine()}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
         json.dump(record, f, indent=1)
+    os.replace(tmp, path)  # a notebook reading it meanwhile sees the old fit or the new, never half of one
     return record
 
 
