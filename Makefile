@@ -7,6 +7,8 @@ LAB_ARGS ?=
 # Jupyter refuses to run as root unless told (containers, cloud VMs often run as root).
 ROOT_ARG := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
+# make test runs this many test files at once (pytest-xdist, a file per worker); JOBS=0: one at a time.
+JOBS ?= 2
 STRESS_ARGS ?=
 GPU_CHECK_ARGS ?=
 
@@ -39,7 +41,7 @@ lab: $(STAMP)
 		--LabApp.default_url=/lab/tree/notebooks/00_first_launch.ipynb
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 
 # The browser tests alone: JupyterLab in headless Chromium (skipped, with the reason, without chromium).
 e2e: $(STAMP)

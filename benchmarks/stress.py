@@ -10,7 +10,8 @@
    nbval, as `make test` runs them.
 3. The tests that start processes on the newer paths (the hang autopsy of six kinds of hang, the
    NaN skip and clipping, resume on shared and unshared storage, the exit-time release, what a
-   launch and the live ranks listen on), --passes times in a row under pytest.
+   launch and the live ranks listen on), --test-passes times in a row under pytest, --test-jobs
+   files at a time as `make test` runs them (each file beside another file's processes).
 4. The browser tests (tests/e2e: JupyterLab in headless Chromium), --e2e-passes times in a row.
 5. scripts/slurm_ddp.sbatch submitted --slurm-runs times in a row to one localhost SLURM of two
    nodes (ddp_lab.engine.slurm; where it cannot start, the line says why and nothing is counted).
@@ -128,16 +129,21 @@ PROCESS_TESTS = ("tests/test_autopsy.py", "tests/test_train_ddp_steps.py",
                  "tests/test_interactive.py")
 
 
-def stress_tests(passes: int, timeout: float, files: str, label: str = "tests") -> tuple[int, list[str]]:
+def stress_tests(passes: int, timeout: float, files: str, label: str = "tests", jobs: int = 0) -> tuple[int, list[str]]:
+    """Each file --passes times. jobs > 0: each pass is one pytest over all the files, `jobs` files at
+    a time (pytest-xdist, as `make test` runs them), so every file runs beside another's processes."""
     chosen = [f for f in (files.split(",") if files else PROCESS_TESTS) if (ROOT / f).exists()]
     failures, n = [], 0
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     for p in range(passes):
-        for f in chosen:
-            n += 1
-            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f]
-            ok, tail = run_one(cmd, ROOT, dict(os.environ), timeout)
+        runs = [base + ["-n", str(jobs), "--dist", "loadfile", *chosen]] if jobs else [base + [f] for f in chosen]
+        for cmd in runs:
+            ok, tail = run_one(cmd, ROOT, dict(os.environ), timeout * (len(chosen) if jobs else 1))
+            n += len(chosen) if jobs else 1
             if not ok:
-                failures.append(f"pass {p + 1} {f}: {tail}")
+                bad = sorted({line.split()[1].split("::")[0] for line in tail.splitlines()
+                              if line.startswith(("FAILED ", "ERROR ")) and len(line.split()) > 1})
+                failures += [f"pass {p + 1} {f}: {tail}" for f in bad or [cmd[-1] if not jobs else "(no test named)"]]
             print(f"\r  {label}: {n}/{passes * len(chosen)} runs, {len(failures)} failures", end="", flush=True)
     print()
     return n, failures
@@ -180,6 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--notebooks", default="", help="only notebooks whose names contain one of these "
                     "comma-separated strings, e.g. 05_,07_")
     ap.add_argument("--test-passes", type=int, default=3, help="pytest passes over the process tests")
+    ap.add_argument("--test-jobs", type=int, default=2, help="process-test files running at once, as "
+                    "`make test` runs them (JOBS); 0: one file at a time")
     ap.add_argument("--tests", default="", help="comma-separated test files instead of the default "
                     "process tests: " + ", ".join(PROCESS_TESTS))
     ap.add_argument("--e2e-passes", type=int, default=3, help="passes over the browser tests "
@@ -196,8 +204,8 @@ def main(argv=None) -> int:
         print(f"notebooks: {len(launching_notebooks(a.notebooks))} launching notebooks, {a.passes} passes under nbval")
         results.append(("notebooks (nbval)", *stress_notebooks(a.passes, a.timeout, a.notebooks)))
     if a.test_passes:
-        print(f"tests: {a.test_passes} passes under pytest")
-        results.append(("process tests (pytest)", *stress_tests(a.test_passes, a.timeout, a.tests)))
+        print(f"tests: {a.test_passes} passes under pytest, {a.test_jobs or 1} files at a time")
+        results.append(("process tests (pytest)", *stress_tests(a.test_passes, a.timeout, a.tests, jobs=a.test_jobs)))
     if a.e2e_passes:
         print(f"browser tests: {a.e2e_passes} passes of tests/e2e")
         results.append(("browser tests (tests/e2e)",
