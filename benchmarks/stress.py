@@ -134,16 +134,17 @@ def stress_tests(passes: int, timeout: float, files: str, label: str = "tests", 
     a time (pytest-xdist, as `make test` runs them), so every file runs beside another's processes."""
     chosen = [f for f in (files.split(",") if files else PROCESS_TESTS) if (ROOT / f).exists()]
     failures, n = [], 0
-    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    pytest += ["-n", str(jobs), "--dist", "loadfile"] if jobs else []
+    groups = [chosen] if jobs else [[f] for f in chosen]  # one pytest per group
     for p in range(passes):
-        runs = [base + ["-n", str(jobs), "--dist", "loadfile", *chosen]] if jobs else [base + [f] for f in chosen]
-        for cmd in runs:
-            ok, tail = run_one(cmd, ROOT, dict(os.environ), timeout * (len(chosen) if jobs else 1))
-            n += len(chosen) if jobs else 1
+        for group in groups:
+            ok, tail = run_one(pytest + group, ROOT, dict(os.environ), timeout * len(group))
+            n += len(group)
             if not ok:
-                bad = sorted({line.split()[1].split("::")[0] for line in tail.splitlines()
-                              if line.startswith(("FAILED ", "ERROR ")) and len(line.split()) > 1})
-                failures += [f"pass {p + 1} {f}: {tail}" for f in bad or [cmd[-1] if not jobs else "(no test named)"]]
+                named = {line.split()[1].split("::")[0] for line in tail.splitlines()
+                         if line.startswith(("FAILED ", "ERROR ")) and len(line.split()) > 1}
+                failures += [f"pass {p + 1} {f}: {tail}" for f in sorted(named) or [",".join(group)]]
             print(f"\r  {label}: {n}/{passes * len(chosen)} runs, {len(failures)} failures", end="", flush=True)
     print()
     return n, failures
