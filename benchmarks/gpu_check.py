@@ -8,6 +8,8 @@ what is left of --budget seconds (the rest are reported "not run"):
   1. scripts/train_ddp.py on NCCL (2 ranks where there are 2 GPUs or more, else 1), ResNet-18 on
      synthetic images: fp32 with TF32 off, fp32 with TF32 on, bf16, fp16 with the GradScaler,
      bf16 with --sync-bn, bf16 with --compile; samples/s and the last loss of each;
+     with 2 GPUs or more also bf16 with --sync-bn and a bf16 compression hook on 2 NCCL ranks
+     (one GPU: reported "not run", as one GPU proves nothing between ranks);
   2. scripts/allreduce_bench.py on NCCL up to 256 MB: the best bus bandwidth;
   3. real nn.DataParallel over every GPU: one step's gradients against one module's;
   4. a CUDA memory snapshot of training steps (torch.cuda.memory._record_memory_history and
@@ -51,6 +53,10 @@ TRAIN_RUNS = [("fp32, TF32 off", ["--precision", "fp32", "--tf32", "off"], {}),
               ("fp16 + GradScaler", ["--precision", "fp16"], {}),
               ("bf16 + SyncBatchNorm", ["--precision", "bf16", "--sync-bn"], {}),
               ("bf16 + torch.compile", ["--precision", "bf16", "--compile"], {})]
+# Between GPUs: what one GPU cannot show (with one rank NCCL moves nothing and SyncBatchNorm is plain
+# BatchNorm). On a machine with one GPU these rows say "not run".
+MULTI_GPU_RUNS = [("2 GPUs: train_ddp.py bf16 + SyncBatchNorm + bf16 compression hook",
+                   ["--precision", "bf16", "--sync-bn", "--grad-compression", "bf16"], {})]
 MIN_LEFT = 15  # seconds: a check is not started with less of the budget left
 BENCH = ["--min-bytes", "1M", "--max-bytes", "256M", "--iters", "20", "--warmup", "5"]
 
@@ -154,15 +160,15 @@ def precision_check() -> str:
     b = torch.randn(512, 512, generator=g, dtype=torch.float64)
     exact = a @ b
     real = {}
-    for mode in ("ieee", "tf32"):
-        torch.backends.cuda.matmul.fp32_precision = mode
+    for mode in ("ieee", "tf32"):   # the recipe's one API (notebook 11 section 5), getters keep working
+        torch.set_float32_matmul_precision("high" if mode == "tf32" else "highest")
         c = a.float().cuda() @ b.float().cuda()
         real[mode] = float((c.double().cpu() - exact).norm() / exact.norm())
     real["bf16"] = float(((a.cuda().bfloat16() @ b.cuda().bfloat16()).double().cpu() - exact).norm() / exact.norm())
     speed = {}
     n = 8192
     for mode, dtype in (("fp32", torch.float32), ("tf32", torch.float32), ("bf16", torch.bfloat16)):
-        torch.backends.cuda.matmul.fp32_precision = "tf32" if mode == "tf32" else "ieee"
+        torch.set_float32_matmul_precision("high" if mode == "tf32" else "highest")
         x, y = torch.randn(n, n, device="cuda", dtype=dtype), torch.randn(n, n, device="cuda", dtype=dtype)
         for _ in range(2):
             x @ y
@@ -173,7 +179,7 @@ def precision_check() -> str:
         stop.record()
         torch.cuda.synchronize()
         speed[mode] = 2 * n**3 * 5 / (start.elapsed_time(stop) / 1e3) / 1e12
-    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    torch.set_float32_matmul_precision("highest")
     cap = torch.cuda.get_device_capability()
     print(f"capability {cap}, gpus.bf16_in_hardware: {gpus.bf16_in_hardware(cap)}, "
           f"torch.cuda.is_bf16_supported(): {torch.cuda.is_bf16_supported()}")
@@ -199,10 +205,13 @@ def precision_check() -> str:
             f"copies pinned {rates['pinned']:.0f} GB/s, pageable {rates['pageable']:.0f} GB/s")
 
 
-def compile_check() -> str:
+def compile_check(devices=("cuda", "cpu"), make=None) -> str:
     """The graphs torch.compile hands its backend for DDP(model.compile()) and torch.compile(DDP(model)),
-    on one CUDA rank (NCCL) and on one CPU rank (gloo) with this torch: notebook 11 (section 2) says
-    DDPOptimizer's split is the same on GPUs, as it reads only the bucket cap. Gradients against eager DDP."""
+    on one CUDA rank (NCCL) and on one CPU rank (gloo) with this torch, for a model class with its own
+    forward (as users write them): notebook 11 (section 2) says both orders compile and DDPOptimizer
+    splits them per bucket, the same on GPUs, as the split reads only the bucket cap. Every count must
+    be above zero (0 = 0 would prove nothing). Gradients against eager DDP. `devices` and `make` (the
+    model's constructor) let the tests run the CPU half, and see it fail on a bare nn.Sequential."""
     import socket
     import torch
     import torch._dynamo as dynamo
@@ -210,14 +219,15 @@ def compile_check() -> str:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
     sys.path.insert(0, str(ROOT))
-    from ddp_lab.lessons import buckets
+    from ddp_lab.lessons import buckets, models
     cap_mb, given, counts = 1.0, [], {}
+    make = make or models.WideMLP
 
     def counting(gm, example_inputs):
         given.append(len(gm.graph.nodes))
         return gm.forward
 
-    for dev in (torch.device("cuda", 0), torch.device("cpu")):
+    for dev in (torch.device(d, 0) if d == "cuda" else torch.device(d) for d in devices):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -226,7 +236,7 @@ def compile_check() -> str:
 
         def fresh():
             torch.manual_seed(0)
-            return buckets.deep_mlp(width=512, depth=4).to(dev)
+            return make(width=512, depth=4).to(dev)
         x, y = torch.randn(32, 64, device=dev), torch.randint(0, 10, (32,), device=dev)
         eager = fresh()
         F.cross_entropy(DDP(eager, bucket_cap_mb=cap_mb)(x), y).backward()
@@ -248,11 +258,13 @@ def compile_check() -> str:
             print(f"{dev.type}: {order}: {len(given)} graph(s) for {predicted} bucket(s), gradients equal to eager: {same}")
             assert same, (dev, order)
         dist.destroy_process_group()
+    first = devices[0]
     for order in ("torch.compile(DDP(model))", "DDP(model.compile())"):
-        assert counts["cuda", order] == counts["cpu", order], counts   # the split does not depend on the device
-    return (f"torch {torch.__version__}: DDP(model.compile()) {counts['cuda', 'DDP(model.compile())']} graph(s), "
-            f"torch.compile(DDP(model)) {counts['cuda', 'torch.compile(DDP(model))']}, for {predicted} buckets, "
-            "the same on CUDA and CPU; gradients equal to eager")
+        assert all(counts[d, order] > 0 for d in devices), (order, counts)           # something was compiled
+        assert len({counts[d, order] for d in devices}) == 1, counts   # the split does not depend on the device
+    return (f"torch {torch.__version__}, a model class: DDP(model.compile()) {counts[first, 'DDP(model.compile())']} graph(s), "
+            f"torch.compile(DDP(model)) {counts[first, 'torch.compile(DDP(model))']}, for {predicted} buckets, "
+            f"the same on {' and '.join(d.upper() for d in devices)}; gradients equal to eager")
 
 
 def notebooks_first_gpu() -> list:
@@ -321,6 +333,13 @@ def plan(out: Path, nproc: int, notebooks_at_once: int = 1) -> list:
         metrics = out / f"train_{len(jobs)}.jsonl"
         jobs.append((f"train_ddp.py {name}", torchrun(nproc, "train_ddp.py", [*TRAIN, *flags, "--metrics-out", str(metrics)]),
                      env, 120, lambda metrics=metrics: train_figure(metrics)))
+    for name, flags, env in MULTI_GPU_RUNS:
+        if nproc < 2:
+            jobs.append((name, None, env, 0, "needs 2 or more GPUs; this machine has 1"))
+            continue
+        metrics = out / f"train_{len(jobs)}.jsonl"
+        jobs.append((name, torchrun(nproc, "train_ddp.py", [*TRAIN, *flags, "--metrics-out", str(metrics)]),
+                     env, 120, lambda metrics=metrics: train_figure(metrics)))
     bench = out / "allreduce.json"
     jobs.append((f"allreduce_bench.py, NCCL, {nproc} rank(s)", torchrun(nproc, "allreduce_bench.py", [*BENCH, "--json-out", str(bench)]),
                  {}, 90, lambda: bench_figure(bench)))
@@ -369,6 +388,9 @@ def main(argv=None) -> int:
         left = end - time.time()
         if a.only and not any(w.strip().lower() in name.lower() for w in a.only.split(",")):
             continue  # left out by --only: no row
+        if cmd is None:  # a check this machine cannot run: a row that says why
+            results.append(Result(name, "not run", figure))
+            continue
         if left < MIN_LEFT:
             results.append(Result(name, "not run", f"the {a.budget:.0f} s budget was spent"))
             continue

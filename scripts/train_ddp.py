@@ -663,14 +663,17 @@ def set_tf32(args, device) -> str:
     """TF32 for --precision fp32 from compute capability 8.0 (Ampere): 10 mantissa bits in, fp32 sums."""
     on = (args.tf32 == "auto" and args.precision == "fp32" and device.type == "cuda"
           and torch.cuda.get_device_capability(device) >= (8, 0))  # bf16/fp16: autocast's matmuls are 16-bit
-    torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "tf32" if on else "ieee"
+    # One API, the one every torch since 1.12 has and every getter survives: torch 2.9's fp32_precision
+    # setters would leave torch.get_float32_matmul_precision() raising (mixed legacy and new API)
+    torch.set_float32_matmul_precision("high" if on else "highest")
+    torch.backends.cudnn.allow_tf32 = on
     return " (TF32)" if on else ""
 
 
 def wrap_model(args, model, device):
     """The DDP model: compiled first if asked, DDP's buckets holding the gradients, an optional compression hook."""
-    if args.compile:  # the module, in place, before DDP: torch.compile(DDP(model)) compiles nothing
-        model.compile()  # (torch 2.14); DDPOptimizer then cuts one graph per bucket; names keep no prefix
+    if args.compile:  # the module, in place, before DDP: parameter and state_dict names keep no "_orig_mod."
+        model.compile()  # prefix; DDPOptimizer cuts one graph per bucket (in either order on torch 2.14)
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                     bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)  # .grad = a view: no copy back
     if args.grad_compression != "none":  # gradients cast to 16 bits for the all-reduce only
@@ -806,11 +809,19 @@ def load_sharded(path, model, optimizer):
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
-def evaluation_loader(val_set, rank, world_size, num_workers):
+def workers_start(device, num_workers: int) -> str | None:
+    """How DataLoader workers start: on a GPU, from a fork server, never forked from this process
+    once it holds a CUDA context and an NCCL communicator (DDP's docstring warns that forking then
+    is unsafe); on the CPU, a plain fork (faster to start)."""
+    return "forkserver" if num_workers > 0 and device.type == "cuda" else None
+
+
+def evaluation_loader(val_set, rank, world_size, num_workers, device):
     """Every validation sample on exactly one rank (rank, rank + world_size, ...): no padding
     copies, which DistributedSampler adds to even out shards and which would count twice."""
     return DataLoader(Subset(val_set, range(rank, len(val_set), world_size)), batch_size=256,
-                      num_workers=num_workers, persistent_workers=num_workers > 0)
+                      num_workers=num_workers, persistent_workers=num_workers > 0,
+                      multiprocessing_context=workers_start(device, num_workers))
 
 
 def evaluate(model, loader, device, amp_dtype, task):
@@ -1000,8 +1011,9 @@ def train(args, rank, world_size, device, backend):
     loader_rng = torch.Generator()  # seeds the DataLoader workers (per rank, below)
     # persistent: one set of workers serves every epoch, not new processes (each with its setup) per epoch
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers,
-                        persistent_workers=args.num_workers > 0, pin_memory=device.type == "cuda", generator=loader_rng)
-    val_loader = evaluation_loader(val_set, rank, world_size, args.num_workers)
+                        persistent_workers=args.num_workers > 0, pin_memory=device.type == "cuda", generator=loader_rng,
+                        multiprocessing_context=workers_start(device, args.num_workers))
+    val_loader = evaluation_loader(val_set, rank, world_size, args.num_workers, device)
     batches_per_epoch = math.ceil(sampler.num_samples / args.batch_size)
     steps_per_epoch = math.ceil(batches_per_epoch / args.accum_steps)
     optimizer, scheduler = build_optimizer(args, raw_model, world_size, steps_per_epoch)

@@ -45,6 +45,8 @@ def test_every_script_command_parses_with_the_scripts_own_parser(tmp_path, nproc
     parsers = {name: load(ROOT / "scripts" / name).parse_args for name in ("train_ddp.py", "allreduce_bench.py")}
     seen = set()
     for name, cmd, env, limit, figure in gpu_check.plan(tmp_path, nproc):
+        if cmd is None:  # a row this machine cannot run (between GPUs, with one)
+            continue
         scripts = [c for c in cmd if c.endswith(".py") and "/scripts/" in c]
         if not scripts:
             continue
@@ -53,11 +55,27 @@ def test_every_script_command_parses_with_the_scripts_own_parser(tmp_path, nproc
         parsers[script](cmd[cmd.index(scripts[0]) + 1:])  # SystemExit(2) on a flag that does not exist
         seen.add(script)
     assert seen == set(parsers)
-    flags = [" ".join(c) for _, c, _, _, _ in gpu_check.plan(tmp_path, nproc)]
+    flags = [" ".join(c) for _, c, _, _, _ in gpu_check.plan(tmp_path, nproc) if c]
     for want in ("--precision fp16", "--sync-bn", "--compile", "--precision bf16",
                  "--precision fp32 --tf32 off", "--precision fp32 --tf32 auto"):  # TF32 by the flag users set
         assert any(want in f for f in flags), want
     assert any("tests" not in f and ".ipynb" in f for f in flags), "no nbval over the notebooks"
+
+
+def test_checks_between_gpus_run_with_two_and_say_not_run_with_one(tmp_path, monkeypatch):
+    """One GPU proves nothing between ranks: the 2-GPU rows are planned with 2 GPUs (SyncBatchNorm and a
+    compression hook on NCCL ranks) and written "not run", with the reason, with one."""
+    two = {name: cmd for name, cmd, *_ in gpu_check.plan(tmp_path, 2)}
+    multi = [name for name, *_ in gpu_check.MULTI_GPU_RUNS]
+    assert multi and all(two[n] and "--sync-bn" in two[n] and "--grad-compression" in two[n] for n in multi)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "machine", lambda: MACHINE)
+    one = [job for job in gpu_check.plan(tmp_path, 1) if job[0] in multi]
+    monkeypatch.setattr(gpu_check, "plan", lambda out, nproc, notebooks_at_once: one)
+    doc = tmp_path / "gpu_results.md"
+    assert gpu_check.main(["--out", str(tmp_path / "out"), "--doc", str(doc)]) == 0
+    rows = [line for line in doc.read_text().splitlines() if line.startswith("| 2 GPUs")]
+    assert rows and all("| not run | needs 2 or more GPUs" in r for r in rows), rows
 
 
 def test_notebooks_with_cuda_cells_come_first_and_none_is_left_out():
@@ -148,3 +166,14 @@ def test_one_rank_all_reduce_says_there_is_no_link_to_measure(tmp_path):
     bench = tmp_path / "b.json"
     bench.write_text(json.dumps({"world_size": 1, "results": [{"bytes": 2**20, "busbw": 0.0}]}))
     assert "busbw is 0 by definition" in gpu_check.bench_figure(bench)
+
+
+def test_compile_check_counts_graphs_on_a_model_class_and_fails_on_a_bare_sequential():
+    """The CPU half of the compile check: on a model class with its own forward both orders hand the
+    backend graphs (one per bucket), so the check passes; on a bare nn.Sequential, torch.compile(DDP(model))
+    compiles nothing (Dynamo skips torch.nn's own frames) and the check fails instead of passing at 0 = 0."""
+    from ddp_lab.lessons import models
+    line = gpu_check.compile_check(devices=("cpu",))
+    assert "torch.compile(DDP(model)) 0" not in line and "for " in line, line
+    with pytest.raises(AssertionError, match="torch.compile"):
+        gpu_check.compile_check(devices=("cpu",), make=models.wide_mlp)

@@ -79,11 +79,12 @@ def test_gradients_are_views_into_ddps_buckets(ref):
 
 def test_tf32_is_on_for_fp32_from_ampere_and_off_otherwise(monkeypatch):
     """set_tf32 with the GPU's compute capability faked: V100 7.0 and T4 7.5 off, A100 8.0 and H100 9.0
-    on, for fp32 only (bf16/fp16 autocast: off); --tf32 off and the CPU: off. torch's flags follow, and
-    setting them warns of nothing (no deprecated API)."""
+    on, for fp32 only (bf16/fp16 autocast: off); --tf32 off and the CPU: off. torch's flags follow,
+    setting them warns of nothing (no deprecated API), and every getter still answers afterwards: the
+    fp32_precision setters of torch 2.9+ would leave get_float32_matmul_precision() raising."""
     mod = load_module()
     cuda = torch.device("cuda", 0)
-    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -95,11 +96,13 @@ def test_tf32_is_on_for_fp32_from_ampere_and_off_otherwise(monkeypatch):
                                                         ((9, 0), [], torch.device("cpu"), False)]:
                 monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
                 label = mod.set_tf32(mod.parse_args(flags), device)
-                got = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
-                assert (label == " (TF32)") is expected and got == (("tf32",) * 2 if expected else ("ieee",) * 2), \
-                    (capability, flags, device, label, got)
+                got = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.fp32_precision,
+                       torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+                want = ("high", "tf32", True, True) if expected else ("highest", "ieee", False, False)
+                assert (label == " (TF32)") is expected and got == want, (capability, flags, device, label, got)
     finally:
-        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]
 
 
 def test_loader_workers_persist_across_epochs(tmp_path):
@@ -113,6 +116,27 @@ def test_loader_workers_persist_across_epochs(tmp_path):
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("LOADERS ")]
     train, val = json.loads(line[8:])  # a loader that is not persistent would have started 2
     assert train == val == {"workers": 1, "persistent": True, "epochs": 2, "started": 1}, (train, val)
+
+
+def test_gpu_loader_workers_start_from_a_fork_server_and_the_script_runs_that_way(tmp_path):
+    """On a GPU the workers start from a fork server (not forked from a process holding CUDA and NCCL);
+    on the CPU they fork. The fork-server path must work for the script's own datasets, run as a
+    script: a copy whose rule says forkserver on the CPU too trains two epochs with a worker."""
+    mod = load_module()
+    assert mod.workers_start(torch.device("cuda", 0), 2) == "forkserver"
+    assert mod.workers_start(torch.device("cpu"), 2) is None and mod.workers_start(torch.device("cuda", 0), 0) is None
+    text = SCRIPT.read_text()
+    rule = 'return "forkserver" if num_workers > 0 and device.type == "cuda" else None'
+    assert rule in text
+    copy = tmp_path / "train_forkserver.py"
+    copy.write_text(text.replace(rule, 'return "forkserver" if num_workers > 0 else None'))
+    proc = subprocess.run([sys.executable, str(copy), "--dataset", "synthetic", "--synthetic-size", "256",
+                           "--synthetic-shape", "1,8,8", "--batch-size", "64", "--num-workers", "1", "--epochs", "2",
+                           "--progress", "off", "--metrics-out", str(tmp_path / "m.jsonl")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert kinds.count("eval") == 2 and "final" in kinds, kinds
 
 
 def test_two_ranks_equal_one_process_with_double_batch(ref, tmp_path):

@@ -86,8 +86,10 @@ def main():
 
     # Plain env:// init: torchrun gives every new world a fresh MASTER_PORT when the agents
     # do not share their rendezvous store with the workers (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1).
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=max(args.timeout, 60)))
-    dist.set_timeout(datetime.timedelta(seconds=args.timeout))  # NEW: a lost peer fails us after this
+    set_timeout = runtime._timeout_setter()   # dist.set_timeout, public since torch 2.14; older: its private name
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=max(args.timeout, 60) if set_timeout else args.timeout))
+    if set_timeout:
+        set_timeout(datetime.timedelta(seconds=args.timeout))  # NEW: a lost peer fails us after this
     rank, world_size = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     ctx = runtime.Context(rank, world_size, 0, 1, torch.device("cpu"), "gloo", True)

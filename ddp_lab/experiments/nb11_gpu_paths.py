@@ -12,7 +12,8 @@ gloo ranks, so each is counted here (one launch: starting processes is the slow 
             all_reduce per step (counted as they are called), and the global loss of every step;
             --powersgd-ranks 1,2,4 runs only PowerSGD, at each of those ranks
   compile   a backend that counts the graphs it is given, for torch.compile(DDP(model)) and for
-            DDP(model.compile()), each with DDPOptimizer (optimize_ddp=True) and without; the
+            DDP(model.compile()), each with DDPOptimizer (optimize_ddp=True) and without, on a model
+            class with its own forward and on the same layers in a bare nn.Sequential; the
             gradients against eager DDP; and whether a no_sync() step compiles again
   hybrid    (an even number of ranks) DDP, composable replicate, FSDP2 over every rank and FSDP2 on
             a (world/2, 2) mesh (HSDP), on notebook 09's MLP: parameter bytes per rank, losses
@@ -30,7 +31,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.engine import runtime
-from ddp_lab.lessons import buckets, data
+from ddp_lab.lessons import buckets, data, models
 
 WIDTH, DEPTH = 512, 4            # five Linear layers, three of them 1 MiB: bucket caps bite
 BATCH = 32                       # per rank
@@ -158,8 +159,12 @@ def compress(ctx, hooks=("plain", "fp16", "bf16"), powersgd_ranks=(1,)):
         del ddp, model, opt
 
 
+SHAPES = {"class": models.WideMLP, "nn.Sequential": models.wide_mlp}   # a user's model, a bare container
+
+
 def compile_probe(ctx):
-    """Which graphs torch.compile hands its backend, for the two orders of wrapping and compiling."""
+    """Which graphs torch.compile hands its backend, for the two orders of wrapping and compiling, on a
+    model class with its own forward (as users write them) and on the same layers in a bare nn.Sequential."""
     import torch._dynamo as dynamo
     given = []
 
@@ -167,36 +172,40 @@ def compile_probe(ctx):
         given.append(sum(1 for n in gm.graph.nodes if n.op == "call_function"))
         return gm.forward
 
-    eager_model, batch = model_and_batches(ctx)
-    eager = DDP(eager_model, bucket_cap_mb=CAP_MB)
+    _, batch = model_and_batches(ctx)
     x, y = batch(0)
-    F.cross_entropy(eager(x), y).backward()
-    ref = grads(eager_model)
-    sizes = [p.numel() * p.element_size() for p in eager_model.parameters()]
-    # an explicit bucket_cap_mb caps the first bucket too (torch 2.14): every bucket at CAP_MB
-    predicted = len(buckets.assign(sizes, int(CAP_MB * buckets.MB), int(CAP_MB * buckets.MB)))
-    del eager, eager_model
-    for order in ("compile(DDP(model))", "DDP(model.compile())"):
-        for optimize_ddp in (True, False):
-            dynamo.reset()
-            dynamo.config.optimize_ddp = optimize_ddp
-            given.clear()
-            model, _ = model_and_batches(ctx)
-            if order == "compile(DDP(model))":
-                ddp = DDP(model, bucket_cap_mb=CAP_MB)
-                step_model = torch.compile(ddp, backend=counting)
-            else:
-                model.compile(backend=counting)     # in place: parameter names stay as they are
-                ddp = step_model = DDP(model, bucket_cap_mb=CAP_MB)
-            F.cross_entropy(step_model(x), y).backward()
-            graphs = list(given)
-            equal = all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(grads(model), ref))
-            with ddp.no_sync():                      # a step that skips the all-reduce: compiles again?
+    for shape, make in SHAPES.items():
+        torch.manual_seed(0)
+        eager_model = make(width=WIDTH, depth=DEPTH)
+        eager = DDP(eager_model, bucket_cap_mb=CAP_MB)
+        F.cross_entropy(eager(x), y).backward()
+        ref = grads(eager_model)
+        sizes = [p.numel() * p.element_size() for p in eager_model.parameters()]
+        # an explicit bucket_cap_mb caps the first bucket too (torch 2.14): every bucket at CAP_MB
+        predicted = len(buckets.assign(sizes, int(CAP_MB * buckets.MB), int(CAP_MB * buckets.MB)))
+        del eager, eager_model
+        for order in ("compile(DDP(model))", "DDP(model.compile())"):
+            for optimize_ddp in (True, False):
+                dynamo.reset()
+                dynamo.config.optimize_ddp = optimize_ddp
+                given.clear()
+                torch.manual_seed(0)
+                model = make(width=WIDTH, depth=DEPTH)
+                if order == "compile(DDP(model))":
+                    ddp = DDP(model, bucket_cap_mb=CAP_MB)
+                    step_model = torch.compile(ddp, backend=counting)
+                else:
+                    model.compile(backend=counting)     # in place: parameter names stay as they are
+                    ddp = step_model = DDP(model, bucket_cap_mb=CAP_MB)
                 F.cross_entropy(step_model(x), y).backward()
-            ctx.record(kind="compile", order=order, optimize_ddp=optimize_ddp, graphs=graphs,
-                       after_no_sync=len(given), predicted_buckets=predicted, equal_to_eager=equal,
-                       names=[n for n, _ in model.named_parameters()][:2])
-            del step_model, ddp, model
+                graphs = list(given)
+                equal = all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(grads(model), ref))
+                with ddp.no_sync():                      # a step that skips the all-reduce: compiles again?
+                    F.cross_entropy(step_model(x), y).backward()
+                ctx.record(kind="compile", shape=shape, order=order, optimize_ddp=optimize_ddp, graphs=graphs,
+                           after_no_sync=len(given), predicted_buckets=predicted, equal_to_eager=equal,
+                           names=[n for n, _ in step_model.named_parameters()][:2])
+                del step_model, ddp, model
     dynamo.config.optimize_ddp = True
     dynamo.reset()
 

@@ -56,10 +56,17 @@ def bf16_in_hardware(capability) -> bool:
 
 
 def precision_settings() -> dict:
-    """What fp32 matmuls and convolutions may use on a GPU, as this torch is set now."""
-    return {"torch.backends.cuda.matmul.fp32_precision": torch.backends.cuda.matmul.fp32_precision,
-            "torch.backends.cudnn.conv.fp32_precision": torch.backends.cudnn.conv.fp32_precision,
-            "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision()}
+    """What fp32 matmuls and convolutions may use on a GPU, as this torch is set now. A getter that
+    raises is shown as such: after torch.backends.cuda.matmul.fp32_precision = "tf32" (torch 2.9+),
+    get_float32_matmul_precision() and allow_tf32 raise ("mix of the legacy and new APIs")."""
+    def read(get):
+        try:
+            return get()
+        except (RuntimeError, AttributeError) as e:
+            return f"raises {type(e).__name__}"
+    return {"torch.get_float32_matmul_precision()": read(torch.get_float32_matmul_precision),
+            "torch.backends.cuda.matmul.fp32_precision": read(lambda: torch.backends.cuda.matmul.fp32_precision),
+            "torch.backends.cudnn.allow_tf32": read(lambda: torch.backends.cudnn.allow_tf32)}
 
 
 class _Pids(torch.utils.data.Dataset):
