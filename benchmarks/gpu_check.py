@@ -17,7 +17,10 @@ what is left of --budget seconds (the rest are reported "not run"):
   5. notebook 11's GPU statements: TF32's real matmul error against the lesson's emulation, fp32,
      TF32 and bf16 matmul speed, pinned against pageable host-to-GPU copies, and the graphs
      DDPOptimizer hands torch.compile on CUDA against the bucket count;
-  6. nbval over every notebook (those that speak most of GPUs first), so their GPU cells run;
+  6. notebook 08's probe on CUDA ranks: a real kineto trace read by the step budget (E5: until
+     now tested only on a synthetic trace); with 2 GPUs or more, benchmarks/gpu_hang.py: an NCCL
+     hang dumped by the Flight Recorder on timeout and read back by `ddp-lab autopsy` and torchfrtrace;
+  7. nbval over every notebook (those that speak most of GPUs first), so their GPU cells run;
      --jobs N runs N notebooks at once where pytest-xdist is installed.
 After each check the results so far are written into --doc as a section naming the date and the
 machine (newest run first, earlier runs kept), so a run cut short still leaves its figures.
@@ -105,6 +108,58 @@ def bench_figure(doc: Path) -> str:
         return "1 rank: NCCL ran; nothing to cross a link (busbw is 0 by definition), 2+ GPUs measure it"
     best = max(bench["results"], key=lambda r: r["busbw"])
     return f"busbw {best['busbw'] / 1e9:.1f} GB/s at {best['bytes'] / 2**20:.0f} MiB (world {bench['world_size']})"
+
+
+def trace_figure(folder: Path) -> str:
+    """A real kineto trace (notebook 08's probe on CUDA ranks) through notebook 08's step budget: the
+    steps must be read as GPU steps, and their parts must add up to the device's step window."""
+    sys.path.insert(0, str(ROOT))
+    from ddp_lab.lessons import profiling
+    run = profiling.load_run(folder)
+    if not run or not any(run.values()):
+        raise ValueError(f"no annotated step in {folder}/rank*.json")
+    steps = [s for ranks in run.values() for s in ranks]
+    if not all(s.on_gpu for s in steps):
+        raise ValueError("the trace holds no CUDA kernel: it is a CPU trace, not a GPU one")
+    b = profiling.mean_budget(steps)
+    parts = sum(b[k] for k in profiling.PARTS)
+    if abs(parts - b["step"]) > 1e-6 + 1e-3 * b["step"]:
+        raise ValueError(f"the parts add up to {parts * 1e3:.3f} ms, the step window is {b['step'] * 1e3:.3f} ms")
+    return (f"{len(run)} rank(s), {len(steps)} GPU step(s): window {b['step'] * 1e3:.2f} ms = forward "
+            f"{b['forward'] * 1e3:.2f} + backward {b['backward'] * 1e3:.2f} + optimizer {b['optimizer'] * 1e3:.2f} + "
+            f"exposed comm {b['exposed comm'] * 1e3:.2f} + other {b['other'] * 1e3:.2f} ms; "
+            f"NCCL kernels {b['comm'] * 1e3:.2f} ms, {b['hidden comm'] * 1e3:.2f} hidden")
+
+
+def hang_check(out: Path, nproc: int, timeout_s: float = 20) -> str:
+    """benchmarks/gpu_hang.py on `nproc` NCCL ranks with the Flight Recorder on: the job must fail at
+    its timeout, every rank must leave a dump, and the autopsy must name the all_reduce and the rank
+    that never joined it. torchfrtrace's own reading is kept beside the logs."""
+    folder = out / "nccl_hang"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+           "TORCH_FR_DUMP_TEMP_FILE": str(folder / "nccl_trace_rank_")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(ROOT / "benchmarks" / "gpu_hang.py"), "--timeout", str(timeout_s)]
+    job = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s * 4 + 60)
+    (out / "nccl_hang.log").write_text(job.stdout + job.stderr)
+    dumps = sorted(p.name for p in folder.glob("nccl_trace_rank_*"))
+    print(f"job exit {job.returncode}; dumps: {dumps}")
+    assert job.returncode != 0, "the hang did not fail: rank 0's extra all_reduce completed"
+    assert len(dumps) == nproc, f"{len(dumps)} Flight Recorder dump(s) for {nproc} ranks"
+    fr = subprocess.run([shutil.which("torchfrtrace") or "torchfrtrace", str(folder), "-p", "nccl_trace_rank_"],
+                        capture_output=True, text=True, timeout=120) if shutil.which("torchfrtrace") else None
+    if fr is not None:
+        (out / "torchfrtrace.txt").write_text(fr.stdout + fr.stderr)
+    sys.path.insert(0, str(ROOT))
+    from ddp_lab.autopsy.diagnose import diagnose_folder
+    d = diagnose_folder(str(folder), nproc)
+    assert d is not None, "the autopsy found nothing in the dumps"
+    text = d.headline
+    print(text)
+    assert "all_reduce" in text, text
+    return f"{nproc} NCCL ranks, dumps {len(dumps)}/{nproc}; autopsy: {text[:200]}"
 
 
 def dataparallel_check(device_ids: list) -> str:
@@ -333,6 +388,12 @@ def plan(out: Path, nproc: int, notebooks_at_once: int = 1) -> list:
         metrics = out / f"train_{len(jobs)}.jsonl"
         jobs.append((f"train_ddp.py {name}", torchrun(nproc, "train_ddp.py", [*TRAIN, *flags, "--metrics-out", str(metrics)]),
                      env, 120, lambda metrics=metrics: train_figure(metrics)))
+    profile = out / "profile"
+    jobs.append((f"08: a real GPU trace through the step budget, {nproc} rank(s)",
+                 [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                  "-m", "ddp_lab.experiments.nb08_profile", "--out", str(profile), "--models", "wide",
+                  "--sizes", str(nproc), "--rounds", "1", "--steps", "2", "--profile", "3"],
+                 {}, 120, lambda: trace_figure(profile / f"wide_n{nproc}")))
     for name, flags, env in MULTI_GPU_RUNS:
         if nproc < 2:
             jobs.append((name, None, env, 0, "needs 2 or more GPUs; this machine has 1"))
@@ -343,6 +404,9 @@ def plan(out: Path, nproc: int, notebooks_at_once: int = 1) -> list:
     bench = out / "allreduce.json"
     jobs.append((f"allreduce_bench.py, NCCL, {nproc} rank(s)", torchrun(nproc, "allreduce_bench.py", [*BENCH, "--json-out", str(bench)]),
                  {}, 90, lambda: bench_figure(bench)))
+    hang = "2 GPUs: an NCCL hang read back from the Flight Recorder (autopsy, torchfrtrace)"
+    jobs.append((hang, [sys.executable, str(Path(__file__).resolve()), "--inner", "hang", "--out", str(out)], {}, 180, None)
+                if nproc >= 2 else (hang, None, {}, 0, "needs 2 or more GPUs; this machine has 1"))
     for inner, name in (("dataparallel", "nn.DataParallel"), ("memory", "memory snapshot"),
                         ("precision", "11: TF32, bf16, pinned copies"), ("compile", "11: DDP + torch.compile on CUDA")):
         jobs.append((name, [sys.executable, str(Path(__file__).resolve()), "--inner", inner, "--out", str(out)], {}, 90, None))
@@ -361,12 +425,13 @@ def main(argv=None) -> int:
     ap.add_argument("--only", help="run only the checks whose names contain one of these comma-separated words "
                     "(e.g. nbval,11:), e.g. to rerun what failed")
     ap.add_argument("--jobs", type=int, default=1, help="notebooks run at once (needs pytest-xdist; default 1)")
-    ap.add_argument("--inner", choices=["dataparallel", "memory", "precision", "compile"], help=argparse.SUPPRESS)
+    ap.add_argument("--inner", choices=["dataparallel", "memory", "precision", "compile", "hang"], help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     import torch
     if a.inner:  # one check in its own process: a CUDA error there cannot take the others down
         ids = list(range(torch.cuda.device_count()))
         checks = {"dataparallel": lambda: dataparallel_check(ids), "precision": precision_check, "compile": compile_check,
+                  "hang": lambda: hang_check(Path(a.out), min(len(ids), 2)),
                   "memory": lambda: memory_check(Path(a.out) / "memory_snapshot.pickle")}
         print(checks[a.inner]())
         return 0

@@ -177,3 +177,30 @@ def test_compile_check_counts_graphs_on_a_model_class_and_fails_on_a_bare_sequen
     assert "torch.compile(DDP(model)) 0" not in line and "for " in line, line
     with pytest.raises(AssertionError, match="torch.compile"):
         gpu_check.compile_check(devices=("cpu",), make=models.wide_mlp)
+
+
+def test_gpu_trace_figure_reads_kineto_steps_and_refuses_a_cpu_trace(tmp_path):
+    """The 08 check's reader: a kineto-format trace (the synthetic one of test_profiling_gpu_model) gives
+    a budget whose parts add up to the device's window; a real CPU trace of the same probe, run here with
+    the flags the check passes, is refused as not a GPU trace."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_profiling_gpu_model import gpu_trace
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    (gpu / "rank1.json").write_text(json.dumps(gpu_trace()))
+    line = gpu_check.trace_figure(gpu)
+    assert line.startswith("1 rank(s), 1 GPU step(s): window 8.90 ms") and "NCCL kernels 2.50 ms" in line, line
+    (cmd,) = [c for name, c, *_ in gpu_check.plan(tmp_path / "out", 1) if name.startswith("08:")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with pytest.raises(ValueError, match="CPU trace"):
+        gpu_check.trace_figure(tmp_path / "out" / "profile" / "wide_n1")
+
+
+def test_the_nccl_hang_check_is_planned_with_two_gpus_only(tmp_path):
+    rows = {name: cmd for name, cmd, *_ in gpu_check.plan(tmp_path, 2)}
+    (hang,) = [n for n in rows if "Flight Recorder" in n]
+    assert rows[hang][-4:] == ["--inner", "hang", "--out", str(tmp_path)]
+    assert {name: cmd for name, cmd, *_ in gpu_check.plan(tmp_path, 1)}[hang] is None
+    assert (ROOT / "benchmarks" / "gpu_hang.py").read_text().count("dist.all_reduce(") == 1
