@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ddp_lab import cli, doctor
 from ddp_lab.doctor import allreduce, checks
 from ddp_lab.engine import netcluster
@@ -190,3 +192,49 @@ def test_torchrun_fix_names_this_python_quoted_for_the_shell(tmp_path, monkeypat
     out = subprocess.run(f"{use} --help", shell=True, capture_output=True, text=True, timeout=120,
                          env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0 and "--nproc-per-node" in out.stdout.replace("_", "-"), out.stderr[-500:]
+
+
+def test_a_master_name_that_resolves_to_loopback_fails_at_once(monkeypatch):
+    """Node 1 whose hosts file maps node 0's name to 127.x looked for node 0 on itself: two minutes of
+    waiting, then '1/2 clients joined'. Name resolution alone shows it, at once."""
+    called = []
+    monkeypatch.setattr(allreduce, "across", lambda *a, **k: called.append(a) or {"ok": False, "error": "timeout"})
+    real = socket.getaddrinfo
+
+    def resolve(host, *a, **k):  # this node's hosts file: head -> 127.0.1.1, nowhere unknown
+        if host == "nowhere":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        if host == "head":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.1.1", 0))]
+        return real(host, *a, **k)
+
+    monkeypatch.setattr(checks.socket, "getaddrinfo", resolve)
+    c = checks.across_nodes(doctor.plan(nnodes=2, node_rank=1, master_addr="head"))
+    assert c.status == "fail" and called == [], c
+    assert "127.0.1.1" in c.detail and "loopback" in c.detail and "name resolution" in c.detail
+    assert "/etc/hosts" in c.fix and "IP address" in c.fix
+    unknown = checks.across_nodes(doctor.plan(nnodes=2, node_rank=1, master_addr="nowhere"))
+    assert unknown.status == "fail" and "does not resolve" in unknown.detail and called == []
+    # a loopback address typed as such means every node on one machine: the all-reduce runs
+    checks.across_nodes(doctor.plan(nnodes=2, node_rank=1, master_addr="127.0.0.1"))
+    assert len(called) == 1
+
+
+def test_different_torch_across_nodes_is_named():
+    import torch
+    import torch.distributed as dist
+    store = dist.HashStore()
+    store.set("ddp_lab_doctor/torch/1", "2.4.0")  # what node 1 wrote
+    mine = re.escape(torch.__version__)
+    expected = rf"torch differs across the nodes: node 0 has torch {mine}, node 1 has torch 2\.4\.0"
+    with pytest.raises(RuntimeError, match=expected):
+        allreduce.same_torch(store, 0, 2)
+    store.set("ddp_lab_doctor/torch/1", torch.__version__)
+    allreduce.same_torch(store, 0, 2)  # the same torch: nothing to say
+
+
+def test_a_torch_mismatch_names_its_fix(monkeypatch):
+    error = "RuntimeError: torch differs across the nodes: node 0 has torch 2.14.1, node 1 has torch 2.4.0"
+    monkeypatch.setattr(allreduce, "across", lambda *a, **k: {"ok": False, "error": error})
+    c = checks.across_nodes(doctor.plan(nnodes=2, node_rank=1, master_addr="10.0.0.7"))
+    assert c.status == "fail" and "node 1 has torch 2.4.0" in c.detail and "same torch on every node" in c.fix

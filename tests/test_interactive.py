@@ -1,4 +1,5 @@
 """Interactive ranks: one live process group, and nothing left running however they end."""
+import json
 import os
 import re
 import signal
@@ -312,3 +313,49 @@ def test_stream_errors_once_drops_only_a_stopped_cells_interrupts():
     result._iopub_streaming_output_callback(0, None, message("error", ename="KeyboardInterrupt"))
     result._iopub_streaming_output_callback(1, None, message("error", ename="ValueError"))
     assert passed == [(0, "hi"), (1, "ValueError")] and shown == {1}
+
+
+# --- loopback only, whatever the hostname resolves to -------------------------------------------
+# A machine whose hostname resolves to an address of its network (as on many LAN and cluster
+# nodes): in a namespace of its own, the hostname maps to 10.99.0.1, an address of a veth there.
+ELSEWHERE = ('hostname ddp-lab-elsewhere && ip link set lo up && ip link add v0 type veth peer name v1 && '
+             'ip addr add 10.99.0.1/24 dev v0 && ip link set v0 up && ip link set v1 up && '
+             'cp /etc/hosts "$0" && echo "10.99.0.1 ddp-lab-elsewhere" >> "$0" && mount --bind "$0" /etc/hosts && '
+             'exec "$@"')
+LIVE_RANKS = """
+import json, socket, sys
+sys.path.insert(0, sys.argv[1])
+from conftest import listening, loopback
+from ddp_lab.engine import interactive
+ranks = interactive.start(nproc=2, magics=False)
+try:
+    ranks.run("t = torch.ones(1) * (rank + 1)")
+    summed = [t.item() for t in ranks.collective("all_reduce", "t")]
+    ifname = ranks.gather("os.environ.get('GLOO_SOCKET_IFNAME')")
+    # only these ranks run in this namespace: every listener here is theirs
+    exposed = sorted(f"{a}:{p}" for a, p in listening("/proc/net").values() if not loopback(a))
+    print(json.dumps({"resolves": socket.gethostbyname(socket.gethostname()), "summed": summed,
+                      "ifname": ifname, "exposed": exposed}))
+finally:
+    ranks.stop()
+"""
+
+
+def test_ranks_listen_on_loopback_where_the_hostname_resolves_to_the_network(tmp_path, monkeypatch):
+    from ddp_lab.engine import netcluster
+    ok, why = netcluster.available()
+    if not ok:
+        pytest.skip(f"needs network namespaces: {why}")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    program = tmp_path / "live_ranks.py"
+    program.write_text(LIVE_RANKS)
+    cmd = [*netcluster.UNSHARE, "--uts", "sh", "-c", ELSEWHERE, str(tmp_path / "hosts"),
+           sys.executable, str(program), str(Path(__file__).parent)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    seen = json.loads(p.stdout.strip().splitlines()[-1])
+    assert seen["resolves"] == "10.99.0.1"   # the hostname points at the network, as on such nodes
+    assert seen["summed"] == [3.0, 3.0]
+    assert seen["ifname"] == ["lo", "lo"]
+    assert seen["exposed"] == [], f"the live ranks listen on the network: {seen['exposed']}"

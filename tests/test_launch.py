@@ -3,6 +3,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -58,11 +59,11 @@ def test_missing_program_is_a_clear_error():
 # (test_launcher_timeout_kills_every_process), in the shared launch of slow hangs there.
 
 
-def _start_kernel(marker):
+def _start_kernel(marker, env=None):
     """A stand-in notebook kernel running a launch of sleeping workers."""
     kernel = subprocess.Popen([sys.executable, str(PROGRAMS / "drive_launch.py"),
                                str(PROGRAMS / "sleeper.py"), marker],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     up = wait_until(lambda: Path(marker + ".ready").exists(), timeout=120)
     assert up, "workers never started"
     assert len(processes_with(marker)) >= 2  # both ranks are running now
@@ -79,11 +80,44 @@ def test_interrupt_stops_every_process(marker):
     assert wait_until(lambda: not processes_with(marker), timeout=10), processes_with(marker)
 
 
-def test_killed_kernel_leaves_no_process_behind(marker):
-    kernel = _start_kernel(marker)
+def test_killed_kernel_leaves_no_process_behind(marker, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    kernel = _start_kernel(marker, env={**os.environ, "TMPDIR": str(tmp)})
+    assert _launch_folders(tmp), "the launch made no folder of its own in TMPDIR"
     kernel.kill()  # SIGKILL, as "restart kernel" does: the kernel runs no cleanup at all
     kernel.wait()
     assert wait_until(lambda: not processes_with(marker), timeout=20), processes_with(marker)
+    # nor a folder: the guardian removes the launch's records and torchrun's logs
+    assert wait_until(lambda: not _launch_folders(tmp), timeout=20), _launch_folders(tmp)
+
+
+def _launch_folders(tmp: Path) -> list:
+    """What launches leave in the temp dir: theirs (ddp_lab_*), torchrun's (torchelastic_*)."""
+    return sorted(p.name for p in tmp.iterdir() if p.name.startswith(("ddp_lab_", "torchelastic_")))
+
+
+def test_a_launch_leaves_no_folder_in_the_temp_dir(tmp_path, monkeypatch):
+    """torchrun keeps its per-rank logs in a torchelastic_* folder of the temp dir that it never
+    removes: dozens of them after an afternoon of notebooks, unless the launch gives it its own."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile reads TMPDIR again
+    monkeypatch.delenv("PET_LOG_DIR", raising=False)
+    run = launch.torchrun("-m ddp_lab.experiments.nb00_hello", nproc=2, stream=False)
+    assert sorted(r["RANK"] for r in run.select(kind="whoami")) == [0, 1], run.records
+    assert _launch_folders(tmp) == []
+    with pytest.raises(launch.LaunchError, match="shard 7 is corrupt") as info:
+        launch.torchrun(PROGRAMS / "fail_rank.py", nproc=2, stream=False, env={"DDP_LAB_TIMEOUT": "20"})
+    # a failure keeps only the autopsy's evidence, in the folder its message names
+    assert all(f"{tmp}/{name}" in str(info.value) for name in _launch_folders(tmp)), _launch_folders(tmp)
+    assert not [n for n in _launch_folders(tmp) if not n.startswith("ddp_lab_autopsy_")], _launch_folders(tmp)
+    # torchrun's logs are kept where the learner asks for them (its --log-dir, PET_LOG_DIR)
+    launch.torchrun("-m ddp_lab.experiments.nb00_hello", nproc=1, stream=False,
+                    env={"PET_LOG_DIR": str(tmp_path / "logs")})
+    assert list((tmp_path / "logs").glob("*/attempt_0/0/stdout.log")), list((tmp_path / "logs").rglob("*"))
+    assert not [n for n in _launch_folders(tmp) if not n.startswith("ddp_lab_autopsy_")], _launch_folders(tmp)
 
 
 def test_two_launches_at_once_get_their_own_ports():

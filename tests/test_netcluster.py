@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from conftest import PROGRAMS, processes_with, wait_until
-from ddp_lab.engine import elastic, launch, netcluster
+from ddp_lab.engine import elastic, launch, netcluster, private
 
 OK, WHY = netcluster.available()
 needs_cluster = pytest.mark.skipif(not OK and not os.environ.get("CI"), reason=WHY)
@@ -137,7 +137,7 @@ def test_bad_requests_name_the_fix(monkeypatch):
 
 def test_without_iproute2_one_line_says_what_to_install(monkeypatch):
     netcluster.available.cache_clear()
-    monkeypatch.setattr(netcluster.shutil, "which", lambda tool: None if tool == "tc" else "/usr/bin/" + tool)
+    monkeypatch.setattr(private.shutil, "which", lambda tool, path=None: None if tool == "tc" else "/usr/bin/" + tool)
     try:
         ok, why = netcluster.available()
     finally:
@@ -208,3 +208,52 @@ def test_on_nodes_runs_one_command_in_each_nodes_namespace():
     with pytest.raises(ValueError, match="2 or more"):
         launch.on_nodes([show], link="1gbit")
     assert host_links() == before and ours_left() == []
+
+
+# An ordinary user's login PATH on Debian: no /usr/sbin, where iproute2 installs ip and tc
+USER_PATH = "/usr/bin:/bin"
+AS_A_USER = """
+import sys
+from ddp_lab.doctor import checks
+from ddp_lab.engine import launch, private
+print(private.mode())
+print(checks.localhost_cluster(None).detail)
+shape = [sys.executable, "-c", "from ddp_lab.engine import netcluster; netcluster.shape('10mbit'); print('shaped')"]
+print(launch.on_nodes([shape, shape], link="unshaped", timeout=120))
+"""
+
+
+@needs_cluster
+@pytest.mark.skipif(not any(os.path.exists(f"{d}/tc") for d in private.SBIN), reason="tc is not in an sbin folder here")
+def test_ip_and_tc_in_sbin_are_found_where_path_lacks_it():
+    env = {**os.environ, "PATH": USER_PATH}
+    p = subprocess.run([sys.executable, "-c", AS_A_USER], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    mode, cluster, nodes = p.stdout.strip().splitlines()[-3:]
+    assert mode == private.PRIVATE
+    assert "localhost cluster not available" not in cluster and "available" in cluster, cluster
+    assert nodes == str(["shaped\n", "shaped\n"])  # tc ran by name on each node
+
+
+def test_a_tool_found_nowhere_is_named_with_where_it_was_looked_for(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))            # nothing on PATH
+    monkeypatch.setattr(private, "SBIN", (str(tmp_path / "sbin"),))  # nor in the sbin folders
+    netcluster.available.cache_clear()
+    try:
+        ok, why = netcluster.available()
+    finally:
+        netcluster.available.cache_clear()
+    assert not ok and "unshare, ip, tc" in why and str(tmp_path / "sbin") in why and "install" in why, why
+
+
+@needs_cluster
+def test_a_download_on_the_clusters_nodes_is_told_they_have_no_network(tmp_path):
+    program = tmp_path / "download.py"  # torchvision's error where nothing answers (test_private_ports)
+    program.write_text("import socket, urllib.error\n"
+                       "raise urllib.error.URLError(socket.gaierror(-3, 'Temporary failure in name resolution'))\n")
+    with pytest.raises(launch.LaunchError) as info:
+        launch.torchrun(str(program), nproc=1, nnodes=2, link="unshaped", args=["--download"], timeout=120,
+                        stream=False)
+    message = str(info.value)
+    assert "URLError" in message and message.count(private.CLUSTER_HINT) == 1, message
+    assert "network=True" in private.CLUSTER_HINT

@@ -205,3 +205,20 @@ def test_a_job_that_reaches_for_the_network_is_told_how_to_ask_for_it(tmp_path):
     message = str(info.value)
     assert "Network is unreachable" in message and message.count(private.NO_NETWORK_HINT) == 1, message
     assert private.no_network_hint("ConnectionRefusedError: [Errno 111] Connection refused") == ""
+
+
+# What torchvision's download raises where nothing answers: a URLError around the failed name lookup
+OFFLINE = ("import socket, urllib.error\n"
+           "raise urllib.error.URLError(socket.gaierror(-3, 'Temporary failure in name resolution'))\n")
+
+
+def test_a_download_on_a_machine_without_network_names_network_true(tmp_path):
+    """--download keeps the machine's network; where the machine has none, the bare URLError is
+    followed by one line that says the job had it (network=True) and what to do instead."""
+    program = tmp_path / "download.py"
+    program.write_text(OFFLINE)
+    with pytest.raises(launch.LaunchError) as info:
+        launch.torchrun(str(program), nproc=1, args=["--download"], timeout=120, stream=False)
+    message = str(info.value)
+    assert "URLError" in message and message.count(private.OFFLINE_HINT) == 1, message
+    assert "network=True" in private.OFFLINE_HINT and "--data-dir" in private.OFFLINE_HINT

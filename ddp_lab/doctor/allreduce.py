@@ -72,11 +72,23 @@ def across(node_rank: int, nnodes: int, addr: str, port: int, megabytes: float =
     return {"ok": True, **json.loads(out.strip().splitlines()[-1])}
 
 
+def same_torch(store, rank: int, world: int) -> None:
+    """Every rank puts its torch version in the store and reads the others': different versions
+    across nodes fail or hang in ways that do not name the cause (pickled objects, collectives)."""
+    import torch
+    store.set(f"ddp_lab_doctor/torch/{rank}", torch.__version__)
+    versions = {r: store.get(f"ddp_lab_doctor/torch/{r}").decode() for r in range(world)}
+    if len(set(versions.values())) > 1:
+        raise RuntimeError("torch differs across the nodes: " + ", ".join(
+            f"node {r} has torch {v}" for r, v in versions.items()))
+
+
 def worker(rank: int, world: int, port: int, backend: str, megabytes: float, addr: str = "127.0.0.1") -> None:
     import torch
     import torch.distributed as dist
     timeout = datetime.timedelta(seconds=float(os.environ.get("DDP_LAB_DOCTOR_WAIT_S", WORKER_TIMEOUT_S)))
     store = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timeout)
+    same_torch(store, rank, world)
     local_rank = rank   # every rank runs on this machine; on a cluster it is LOCAL_RANK, never RANK
     device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     bound = {}

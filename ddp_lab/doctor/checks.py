@@ -1,6 +1,7 @@
 """The pre-flight checks, one function each: every one returns a Check (pass, warn, fail or skip)."""
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import shlex
@@ -152,16 +153,47 @@ def across_nodes(plan) -> Check:
     if not 0 <= node_rank < plan.nnodes:
         return Check("across_nodes", "fail", f"--node-rank {node_rank} is not in 0..{plan.nnodes - 1}",
                      "number the nodes 0 to --nnodes - 1, node 0 at --master-addr")
+    wrong = _master_unreachable_by_name(plan.master_addr) if node_rank != 0 else None
+    if wrong:  # at once: waiting two minutes for node 0 where it cannot be found tells nothing more
+        return Check("across_nodes", "fail", wrong, f"give node 0's IP address as --master-addr, or map "
+                     f"{plan.master_addr} to it in this node's /etc/hosts (or DNS)")
     from ddp_lab.doctor.allreduce import across
     r = across(node_rank, plan.nnodes, plan.master_addr, plan.master_port)
     where = f"{plan.master_addr}:{plan.master_port}"
     if not r["ok"]:
+        fix = (f"start the doctor on all {plan.nnodes} nodes within two minutes; open port {plan.master_port} "
+               f"on node 0; check that {plan.master_addr} resolves to node 0's network address on every node "
+               "(not 127.x: /etc/hosts); set GLOO_SOCKET_IFNAME to the interface the nodes share")
+        if "torch differs" in r["error"]:
+            fix = "install the same torch on every node (pip install torch==VERSION, in each node's environment)"
         return Check("across_nodes", "fail", f"all-reduce with the other nodes through {where} failed: {r['error']}",
-                     f"start the doctor on all {plan.nnodes} nodes within two minutes; open port {plan.master_port} "
-                     "on node 0; set GLOO_SOCKET_IFNAME to the interface the nodes share", r)
+                     fix, r)
     detail = (f"node {node_rank} of {plan.nnodes}, through {where}, {r['megabytes']:g} MB: "
               f"{r['seconds'] * 1e3:.0f} ms, bus bandwidth {r['busbw_gbs'] * 1e3:.1f} MB/s")
     return Check("across_nodes", "pass", detail, data=r)
+
+
+def _master_unreachable_by_name(addr: str) -> str:
+    """Why node 0 cannot be reached at `addr` from this node, found by name resolution alone; '' if
+    it may be. A name that resolves to loopback here (a hosts file mapping node 0's name to 127.x)
+    makes this node look for node 0 on itself; a loopback address typed as such means one machine."""
+    try:
+        ips = {ipaddress.ip_address(a[4][0].split("%")[0]) for a in socket.getaddrinfo(addr, None)}
+    except OSError as e:
+        return f"--master-addr {addr} does not resolve on this node ({e})"
+    typed_loopback = addr == "localhost" or _is_ip(addr) and ipaddress.ip_address(addr).is_loopback
+    if all(ip.is_loopback for ip in ips) and not typed_loopback:
+        return (f"--master-addr {addr} resolves to {', '.join(map(str, sorted(ips, key=str)))} on this node, "
+                "a loopback address: this node would look for node 0 on itself (name resolution, not the network)")
+    return ""
+
+
+def _is_ip(addr: str) -> bool:
+    try:
+        ipaddress.ip_address(addr)
+        return True
+    except ValueError:
+        return False
 
 
 def master_port(plan) -> Check:

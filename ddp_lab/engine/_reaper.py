@@ -1,6 +1,6 @@
 """A tiny guardian between the notebook kernel and torchrun.
 
-    python -m ddp_lab.engine._reaper PARENT_PID -- python -m torch.distributed.run ...
+    python -m ddp_lab.engine._reaper PARENT_PID [--rm FOLDER ...] -- python -m torch.distributed.run ...
 
 torchrun starts its workers in sessions of their own, so killing torchrun's
 process group does not reach them, and a SIGKILLed agent (as when Jupyter
@@ -10,6 +10,8 @@ restarts a kernel) cleans up nothing. This process stays between the two:
   re-parented to it, so it can still find and kill them.
 - It kills the whole tree when the kernel (PARENT_PID) disappears, when it
   receives SIGTERM/SIGINT/SIGHUP, and after the command exits (stragglers).
+- When the kernel disappears, it also removes each --rm FOLDER (the launch's records and
+  torchrun's logs): the kernel, which would have read and removed them, is gone.
 
 It imports only the standard library and psutil, so it starts in milliseconds.
 """
@@ -70,6 +72,8 @@ def _reap_zombies() -> None:
 
 def main(argv: list[str]) -> int:
     parent = int(argv[0])
+    options = argv[1:argv.index("--")]
+    folders = [options[i + 1] for i, o in enumerate(options) if o == "--rm"]
     cmd = argv[argv.index("--") + 1:]
     _set_subreaper()
     stop = {"why": None}
@@ -96,6 +100,10 @@ def main(argv: list[str]) -> int:
             code = 128 + signal.SIGTERM if code is None else code
             break
     kill_tree(grace=1.0)  # orphans the agent left behind, if any
+    if os.getppid() != parent:  # the kernel died (its death signal may have come as SIGTERM)
+        import shutil
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
     return code
 
 

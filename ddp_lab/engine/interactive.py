@@ -13,6 +13,8 @@ A launch (ddp_lab.engine.launch) runs a program to the end; these ranks stay up 
 so you can stop in the middle of a DDP step and ask rank 1 what its gradient is.
 The engines join a gloo process group on CPU (NCCL, one GPU each, when every rank has
 one), with a timeout, so a collective that only some ranks call fails instead of hanging.
+Everything they listen on is loopback: the controller, rank 0's store, and gloo's (and NCCL's)
+connections between ranks (loopback_env), whatever address the machine's hostname resolves to.
 
 Process hygiene is the launcher's: `ipcluster` runs under the same guardian
 (ddp_lab.engine._reaper), which kills the whole tree on stop(), when the kernel is restarted
@@ -109,6 +111,18 @@ dist.init_process_group("{backend}", store=store, rank=rank, world_size=world_si
 del bound, listen_fd
 get_ipython().InteractiveTB.set_mode("Plain")  # a rank's error: each frame in two lines
 """
+
+
+def loopback_env() -> dict:
+    """What makes the ranks' own connections loopback-only, whatever the hostname resolves to.
+
+    Left alone, gloo (and NCCL's bootstrap) listen on the address the machine's hostname resolves
+    to, often one of the network. Every rank lives on this machine, so loopback always reaches the
+    others: it is set even over a GLOO_SOCKET_IFNAME the kernel inherited for real multi-node jobs."""
+    import psutil
+    lo = next((name for name, addrs in psutil.net_if_addrs().items()
+               if any(a.address == "127.0.0.1" for a in addrs)), "lo")  # lo on Linux, lo0 on macOS
+    return {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo}
 
 
 def _pick_backend(nproc: int, backend: str | None) -> str:
@@ -249,6 +263,7 @@ def start(nproc: int = 2, backend: str | None = None, timeout: float = START_TIM
     env[RANKS_ENV] = cluster_id  # every process of these ranks carries it: easy to find them all
     env["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // nproc))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(loopback_env())
     cmd = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
            sys.executable, "-m", "ipyparallel.cluster", "start", f"--n={nproc}",
            f"--profile-dir={profile}", f"--cluster-id={cluster_id}",

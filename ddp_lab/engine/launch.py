@@ -23,6 +23,11 @@ leaves them running. This module instead:
   by a link shaped to that rate (ddp_lab.engine.netcluster);
 - puts a small guardian (ddp_lab.engine._reaper) between the kernel and torchrun that
   kills the whole tree on timeout, on interrupt and when the kernel dies;
+- leaves no folder behind: the ranks' records and torchrun's own per-rank log files (its
+  torchelastic_* folder) live in one folder of the launch, removed when it ends, however it ends.
+  Kept only what you ask for: torchrun's logs in PET_LOG_DIR (torchrun's --log-dir) when you set
+  it, e.g. env={"PET_LOG_DIR": "logs"}; the autopsy's folder when it explains a hang (its message
+  names it). Every line of output is in Run.log anyway;
 - raises LaunchError naming the rank that failed first and why (ddp_lab.engine._rootcause),
   not torchrun's ChildFailedError banner (that stays in `LaunchError.run.log`);
 - sets OMP_NUM_THREADS to cores // processes (torchrun alone would force 1 and
@@ -170,14 +175,21 @@ def node_gpus(nnodes: int, nproc: int, env: dict) -> list[str | None]:
     return [",".join(pool[i * nproc:(i + 1) * nproc]) for i in range(nnodes)]
 
 
+def _guardian(cleanup=()) -> list[str]:
+    """The guardian's command line (ddp_lab.engine._reaper); it removes the folders of `cleanup`
+    when the kernel dies, which would have removed them itself."""
+    rm = [arg for folder in cleanup for arg in ("--rm", str(folder))]
+    return [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), *rm, "--"]
+
+
 def _node_cmd(program_argv, nproc, nnodes, node_rank, port, max_restarts, args,
-              master: str = "127.0.0.1", guardian: bool = True) -> list[str]:
+              master: str = "127.0.0.1", guardian: bool = True, cleanup=()) -> list[str]:
     if nnodes == 1:
         rdzv = ["--standalone"]
     else:  # static rendezvous, as on two real machines (see notebook 00)
         rdzv = ["--nnodes", str(nnodes), "--node_rank", str(node_rank),
                 "--master_addr", master, "--master_port", str(port)]
-    guard = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--"] if guardian else []
+    guard = _guardian(cleanup) if guardian else []
     return [*guard, sys.executable, "-m", "torch.distributed.run", *rdzv,
             "--nproc_per_node", str(nproc), "--max_restarts", str(max_restarts),
             "--tee", "3", *program_argv, *map(str, args)]
@@ -341,14 +353,14 @@ def _importing_this_checkout(env: dict) -> dict:
     return env
 
 
-def _cluster_cmd(cmds, link, envs=None) -> list[str]:
+def _cluster_cmd(cmds, link, envs=None, cleanup=()) -> list[str]:
     """One guardian over the localhost cluster (ddp_lab.engine.netcluster), which runs each
     node's command in its own network namespace, joined to the others by a link of `link`.
     Its ranks see no GPU: NCCL between GPUs of one machine would see one host and bypass the
     link (shared memory, NVLink), so the cluster runs on the CPU over gloo, with GPUs or not.
     cmds=None: nodes are started and lost on request (netcluster.serve, elastic.Cluster)."""
-    cluster = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
-               *netcluster.UNSHARE, sys.executable, "-m", "ddp_lab.engine.netcluster", "--link", link]
+    cluster = [*_guardian(cleanup), *netcluster.UNSHARE,
+               sys.executable, "-m", "ddp_lab.engine.netcluster", "--link", link]
     if cmds is None:
         return [*cluster, "--serve"]
     envs = [{**(e or {}), "CUDA_VISIBLE_DEVICES": ""} for e in (envs or [None] * len(cmds))]
@@ -367,8 +379,9 @@ def on_nodes(commands, link: str, timeout: float = 180, check: bool = True) -> l
     outs = [folder / f"node{k}.out" for k in range(len(commands))]
     wrapped = [["sh", "-c", 'out="$1"; shift; exec "$@" > "$out"', "sh", str(o), *map(str, c)]
                for o, c in zip(outs, commands)]
-    p = subprocess.Popen(_cluster_cmd(wrapped, link), env=_importing_this_checkout(dict(os.environ)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         stdin=subprocess.DEVNULL, text=True, errors="replace")
+    p = subprocess.Popen(_cluster_cmd(wrapped, link, cleanup=[folder]), env=_importing_this_checkout(dict(os.environ)),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                         errors="replace")
     try:
         _, err = p.communicate(timeout=timeout)
         printed = [o.read_text(errors="replace") if o.exists() else "" for o in outs]
@@ -419,10 +432,14 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     program_argv = _program_argv(program)
     if node_script is not None:  # a wrong launch file or program: the ValueError before anything starts
         _script_cmds(node_script, program_argv, nproc, nnodes, 0, max_restarts, args)
-    records_dir = tempfile.mkdtemp(prefix="ddp_lab_records_")
+    # The launch's folder: the ranks' records, and torchrun's own log files, which it would
+    # otherwise leave in a torchelastic_* folder of the temp dir after every launch. Removed when
+    # the launch ends, also when the kernel dies (by the guardian); PET_LOG_DIR keeps torchrun's.
+    records_dir = tempfile.mkdtemp(prefix="ddp_lab_launch_")
     world = nproc * nnodes
     child_env = {**os.environ, **(env or {})}
     child_env[RECORDS_ENV] = records_dir
+    child_env.setdefault("PET_LOG_DIR", os.path.join(records_dir, "torchelastic"))  # torchrun's --log-dir
     child_env["PYTHONUNBUFFERED"] = "1"
     child_env.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // world)))
     if threads:
@@ -444,13 +461,14 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     # --log-line-prefix-template flag only in releases after 2.11.
     child_env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = output.prefix
     master = netcluster.node_addr(0) if link else "127.0.0.1"
-    cmds = [_node_cmd(program_argv, nproc, nnodes, i, port, max_restarts, args, master, guardian=not link)
-            for i in range(nnodes)]
+    cleanup = [records_dir, *([autopsy.folder] if autopsy is not None else [])]
+    cmds = [_node_cmd(program_argv, nproc, nnodes, i, port, max_restarts, args, master, guardian=not link,
+                      cleanup=cleanup) for i in range(nnodes)]
     if link and node_script:  # as an operator would: the launch file, once on each node
         cmds, envs = _script_cmds(node_script, program_argv, nproc, nnodes, port, max_restarts, args)
-        spawn = [(_cluster_cmd(cmds, link, envs), None)]
+        spawn = [(_cluster_cmd(cmds, link, envs, cleanup), None)]
     elif link:  # one process starts every node, each in its namespace
-        spawn = [(_cluster_cmd(cmds, link), None)]
+        spawn = [(_cluster_cmd(cmds, link, cleanup=cleanup), None)]
     else:
         spawn = list(zip(cmds, node_gpus(nnodes, nproc, child_env)))
 
@@ -511,6 +529,10 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
             autopsy.discard()
         output.close()
         raise LaunchInterrupted("the launch was stopped, and every process it started with it") from None
+    except BaseException:  # a timeout (its records already read), or the launch could not start
+        _kill_all(procs)
+        shutil.rmtree(records_dir, ignore_errors=True)
+        raise
     finally:
         if shared is not None:
             shared.close()
@@ -518,8 +540,9 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
     if run.returncode != 0:
         tier = {}
         message, rank = root_cause(run.log, run.rank_lines, output.rank_errors, tier)
-        if quiet and private.no_network_hint(run.log):  # it reached for the network it was not given
-            message = f"{message}\n{private.NO_NETWORK_HINT}"
+        if private.no_network_hint(run.log):  # it reached for the network and found none: say what to do
+            hint = private.NO_NETWORK_HINT if quiet else private.CLUSTER_HINT if link else private.OFFLINE_HINT
+            message = f"{message}\n{hint}"
         diagnosis = _diagnose(autopsy, world)
         if diagnosis is not None and diagnosis.kind in ("mismatch", "missing"):
             if tier.get("tier") in ("secondary", "abort", "none"):  # a hang, told as its consequences:

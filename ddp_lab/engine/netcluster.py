@@ -35,11 +35,12 @@ import functools
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
+
+from ddp_lab.engine import private
 
 SUBNET = "10.77.0"          # node k is SUBNET.(k+1), inside the namespaces only
 IFNAME = "ddp0"             # each node's end of its link (the same name in every node)
@@ -76,13 +77,14 @@ def available() -> tuple[bool, str]:
     if not sys.platform.startswith("linux"):
         return False, ("the localhost cluster needs Linux network namespaces; on macOS or Windows run the "
                        "multi-node cells in a Linux VM or WSL2")
-    missing = [tool for tool in ("unshare", "ip", "tc") if shutil.which(tool) is None]
+    missing = private.not_found(("unshare", "ip", "tc"))
     if missing:
-        return False, (f"the localhost cluster needs {', '.join(missing)} (util-linux, iproute2): "
-                       "install them, e.g. `sudo apt-get install iproute2 util-linux`")
+        return False, (f"the localhost cluster needs {missing} (util-linux, iproute2), found neither on PATH nor in "
+                       f"{', '.join(private.SBIN)}: install them, e.g. `sudo apt-get install iproute2 util-linux`")
+    env = {**os.environ, "PATH": private.with_sbin(os.environ.get("PATH"))}
     try:
-        userns = subprocess.run([*UNSHARE, "true"], capture_output=True, text=True, timeout=20)
-        links = subprocess.run([*UNSHARE, "sh", "-c", PROBE], capture_output=True, text=True, timeout=20)
+        userns = subprocess.run([*UNSHARE, "true"], capture_output=True, text=True, timeout=20, env=env)
+        links = subprocess.run([*UNSHARE, "sh", "-c", PROBE], capture_output=True, text=True, timeout=20, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"the localhost cluster could not start `unshare` ({e})"
     if userns.returncode != 0:
@@ -151,6 +153,8 @@ def _hosts(names) -> None:
 
 def build(nodes: int, bits: float | None) -> list[str]:
     """Inside the user namespace: the bridge, then the node namespaces and their shaped links."""
+    # ip and tc by name, here and on the nodes (shape()), also where PATH lacks /usr/sbin
+    os.environ["PATH"] = private.with_sbin(os.environ.get("PATH"))
     subprocess.run(["mount", "-t", "tmpfs", "ddp-lab-netns", "/run"], check=True, capture_output=True)
     os.makedirs("/run/netns", exist_ok=True)
     _ip("link", "set", "lo", "up")

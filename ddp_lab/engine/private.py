@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -34,7 +35,30 @@ from subprocess import DEVNULL, PIPE, Popen, TimeoutExpired
 
 OFF_ENV = "DDP_LAB_PRIVATE"
 PRIVATE = "private network namespace (loopback only)"
-LO_UP = 'ip link set lo up && exec "$@"'       # the namespace's loopback starts down
+# iproute2 installs ip and tc in /usr/sbin (/sbin), which an ordinary user's PATH lacks on Debian
+SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+
+
+def which(tool: str) -> str | None:
+    """How to run `tool`: its bare name where PATH finds it, else its full path in an sbin folder;
+    None when it is in neither (then it is not installed)."""
+    if shutil.which(tool):
+        return tool
+    return shutil.which(tool, path=os.pathsep.join(SBIN))
+
+
+def with_sbin(path: str | None) -> str:
+    """PATH plus the sbin folders it lacks: for children that run ip and tc by name."""
+    parts = path.split(os.pathsep) if path else []
+    return os.pathsep.join(parts + [d for d in SBIN if d not in parts])
+
+
+def not_found(tools) -> str:
+    """The tools of `tools` found neither on PATH nor in the sbin folders, as 'ip, tc'; '' if none."""
+    return ", ".join(t for t in tools if which(t) is None)
+
+
+LO_UP = f'{shlex.quote(which("ip") or "ip")} link set lo up && exec "$@"'  # the namespace's loopback starts down
 # gloo binds where the hostname resolves; on many machines that is an address of the network,
 # which a private namespace lacks (gloo then warns and falls back to loopback): name loopback.
 LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo"}
@@ -45,10 +69,20 @@ NO_DNS_WARNINGS = ("[c10d] The hostname of the client socket cannot be retrieved
 EXPOSED = "the rendezvous store (torchrun's agent) listens on every interface while a job runs"
 # What a program sees when it reaches for the network from a private namespace: no route, no DNS.
 NO_NETWORK = ("Network is unreachable", "Temporary failure in name resolution",
-              "Name or service not known", "No address associated with hostname")
+              "Name or service not known", "No address associated with hostname", "No route to host")
 NO_NETWORK_HINT = ("[launch] this job ran in a private network namespace (loopback only), where nothing "
                    "outside this machine can be reached: launch it with network=True if it needs the "
                    f"network (or set {OFF_ENV}=off)")
+
+
+# The same signs where the job had the machine's network: the machine itself reaches nothing.
+OFFLINE_HINT = ("[launch] this job had the machine's network (as network=True gives it; a --download among "
+                "its arguments implies it) and could not reach what it asked for: if this machine has no network, "
+                "download the data on one that has, copy it into the program's data folder (--data-dir), and "
+                "launch without --download")
+CLUSTER_HINT = ("[launch] the nodes of the localhost cluster (link=...) reach each other only, never the network: "
+                "download first in a launch without link= (it keeps the machine's network: network=True, which "
+                "--download implies), then launch the cluster without --download")
 
 
 def no_network_hint(log: str) -> str:
@@ -66,12 +100,13 @@ def _probe() -> tuple[tuple[str, ...] | None, str]:
     """(the unshare prefix that works here, "") or (None, why not); tried once per process."""
     if not sys.platform.startswith("linux"):
         return None, "network namespaces need Linux"
-    missing = [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
+    missing = not_found(("unshare", "nsenter", "ip"))
     if missing:
-        return None, f"no {', '.join(missing)} here (install util-linux and iproute2)"
-    tries = [("unshare", "--user", "--map-root-user", "--net")]
+        return None, f"no {missing} on PATH nor in {', '.join(SBIN)} (install util-linux and iproute2)"
+    unshare = which("unshare")
+    tries = [(unshare, "--user", "--map-root-user", "--net")]
     if os.geteuid() == 0:  # root needs no user namespace (and keeps its real uid)
-        tries.insert(0, ("unshare", "--net"))
+        tries.insert(0, (unshare, "--net"))
     why = "no message"
     for prefix in tries:
         try:
@@ -154,7 +189,8 @@ class Shared:
         if self.holder is None:
             return list(cmd)
         user = ["--user", "--preserve-credentials"] if "--user" in _probe()[0] else []
-        return ["nsenter", "--target", str(self.holder.pid), *user, "--net", "--", *map(str, cmd)]
+        nsenter = which("nsenter") or "nsenter"
+        return [nsenter, "--target", str(self.holder.pid), *user, "--net", "--", *map(str, cmd)]
 
     def close(self) -> None:
         if self.holder is not None:
