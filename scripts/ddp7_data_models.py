@@ -201,10 +201,16 @@ def build_data(args, rank):
     if args.dataset == "cifar10":
         norm = T.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
         train_tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+        failed = None
         if args.download and rank == 0:  # one download, not one per rank racing on the same files
-            datasets.CIFAR10(args.data_dir, train=True, download=True)
-            datasets.CIFAR10(args.data_dir, train=False, download=True)
-        dist.barrier()
+            try:
+                datasets.CIFAR10(args.data_dir, train=True, download=True)
+                datasets.CIFAR10(args.data_dir, train=False, download=True)
+            except OSError as e:  # urllib's URLError is an OSError: no network, no name resolution
+                failed = (f"--download could not fetch CIFAR-10 ({e}): this node cannot reach the network. Download "
+                          "where it can and copy cifar-10-batches-py into --data-dir (from a notebook: launch.torchrun("
+                          "..., network=True); launches otherwise run in a private, loopback-only namespace)")
+        agree(failed)  # every rank waits here, as at a barrier, and all stop with rank 0's message
         try:
             train = datasets.CIFAR10(args.data_dir, train=True, transform=train_tf)
             val = datasets.CIFAR10(args.data_dir, train=False, transform=T.Compose([T.ToTensor(), norm]))

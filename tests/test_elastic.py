@@ -1,4 +1,7 @@
 """ddp_lab.engine.elastic: phases read from records, and no process left when the driving code fails."""
+import gc
+import tempfile
+
 import pytest
 
 from ddp_lab.engine import elastic
@@ -20,7 +23,10 @@ def test_phases_split_on_world_size_and_on_restarts():
     assert [r["step"] for r in elastic.steps(records, world_size=1, since=20)] == [4, 5]
 
 
-def test_an_exception_in_the_driver_stops_every_agent_and_worker():
+def test_an_exception_in_the_driver_stops_every_agent_and_worker(tmp_path, monkeypatch):
+    """...and leaves no torchelastic_* log folder of its agents behind in the temp dir."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile reads TMPDIR again
     with pytest.raises(RuntimeError, match="the driver failed"):
         with elastic.Cluster("-m ddp_lab.experiments.nb10_elastic --ckpt {ckpt} --steps 100000") as c:
             c.start("A", host=True)
@@ -31,3 +37,7 @@ def test_an_exception_in_the_driver_stops_every_agent_and_worker():
             raise RuntimeError("the driver failed")
     assert wait_until(lambda: not processes_with(str(c.dir)), timeout=5), processes_with(str(c.dir))
     assert all(a.poll() is not None for a in c.agents.values())
+    del c
+    gc.collect()  # the Cluster's folder goes with it
+    assert not list(tmp_path.glob("torchelastic_*")) and not list(tmp_path.glob("ddp_lab_elastic_*")), \
+        sorted(p.name for p in tmp_path.iterdir())

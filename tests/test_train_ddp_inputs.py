@@ -133,6 +133,31 @@ def test_corrupt_cifar10_says_not_found_or_corrupted(tmp_path):
               "not found or corrupted", "--download")
 
 
+NO_NETWORK = """
+import runpy, sys, urllib.error
+import torchvision.datasets as d
+class NoNetwork(d.CIFAR10):  # what torchvision raises on a node without network or name resolution
+    def __init__(self, root, train=True, transform=None, target_transform=None, download=False):
+        if download:
+            raise urllib.error.URLError(OSError(-3, "Temporary failure in name resolution"))
+        super().__init__(root, train, transform, target_transform)
+d.CIFAR10 = NoNetwork
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_download_without_network_says_so_and_names_network_true(tmp_path):
+    """--download on a node that cannot reach the network: one error line naming the cause and both
+    ways out (copy the files, or network=True from a notebook), exit 2, no URLError traceback."""
+    wrapper = tmp_path / "no_network.py"
+    wrapper.write_text(NO_NETWORK)
+    one_error(run("--dataset", "cifar10", "--download", "--data-dir", tmp_path / "data", *FAST,
+                  cwd=tmp_path, program=wrapper),
+              "could not fetch CIFAR-10", "name resolution", "cannot reach the network", "network=True",
+              "--data-dir")
+
+
 # ---------------------------------------------------------------- models and compile
 def test_resnet18_trains_a_couple_of_steps(tmp_path):
     m = tmp_path / "m.jsonl"

@@ -101,6 +101,9 @@ class Cluster:
                # A fresh store per world, so a new world never reads a dead one's addresses
                # (pytorch/pytorch#167288); the program then inits with plain env://.
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+               # torchrun's own logs (its --log-dir) in this cluster's folder, removed with it, not a
+               # torchelastic_* folder per agent left in the temp dir
+               "PET_LOG_DIR": os.environ.get("PET_LOG_DIR") or str(self.dir / "torchelastic"),
                # Agents on one machine would each number their ranks' GPUs from 0 (launch.node_gpus):
                # the rehearsal's ranks run on the CPU over gloo, with GPUs or not
                "CUDA_VISIBLE_DEVICES": "",
