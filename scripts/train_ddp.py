@@ -860,8 +860,7 @@ def optimizer_step(optimizer, scaler, params, max_norm):
     does it itself with fp16, lowering its scale); the step count and the schedule still advance."""
     scaler.unscale_(optimizer)  # fp16: clip the true gradients, not the scaled ones (else a no-op)
     norm = nn.utils.clip_grad_norm_(params, max_norm or math.inf)  # inf: gradients x 1.0, unchanged
-    skipped = not torch.isfinite(norm).item()  # one host sync per optimizer step, as GradScaler.step's own:
-    # the price of an exact skip, recorded at once (docs/train_ddp.md, the non-finite guard)
+    skipped = not torch.isfinite(norm).item()  # one host sync per step, as GradScaler.step's own
     if scaler.is_enabled() or not skipped:
         scaler.step(optimizer)  # skips by itself when unscale_ found inf/NaN: never twice
     scaler.update()

@@ -90,6 +90,15 @@ def test_a_rung_trains_exactly_like_the_one_before_when_its_features_are_off(lau
     # rung 3 adds checkpoints (off without --ckpt-dir), rung 4 precision, accumulation, clipping and
     # a schedule (fp32, 1, none, constant here); rungs 5-8 checks, data, models and tools: all off
     assert len({(ev[k]["loss"], ev[k]["acc"]) for k in range(2, len(ladder.RUNGS) + 1)}) == 1, ev
+    # and weight for weight: the final weights' sha256, on both ranks, taken by the probe from the model
+    # each rung wrapped in DDP; train_ddp.py's own record of it agrees
+    sha = {(r["rung"], r["rank"]): r["params_sha256"] for r in run.select(kind="weights")}
+    assert sorted(sha) == [(k, r) for k in range(1, len(ladder.RUNGS) + 1) for r in (0, 1)], sorted(sha)
+    assert all(sha[k, 0] == sha[k, 1] for k in range(1, len(ladder.RUNGS) + 1)), sha
+    assert len({sha[k, 0] for k in range(2, len(ladder.RUNGS) + 1)}) == 1, sha
+    assert sha[1, 0] != sha[2, 0]  # rung 1 trains another model on another task: the fingerprint tells
+    (final,) = records(d / f"rung{len(ladder.RUNGS)}.jsonl", "final")
+    assert final["params_sha256"] == sha[len(ladder.RUNGS), 0]
     # rung 1 trains on its own synthetic two-class set: read its last epoch loss, better than chance
     (last,) = [line for line in by_rung[1] if line.startswith("epoch 0 loss")]
     assert float(last.split()[-1]) < math.log(2)

@@ -95,7 +95,8 @@ def test_program_traces_and_straggler(tmp_path):
     all-reduce (ordering on one clock, not durations, so a busy machine cannot flip it)."""
     run = launch.torchrun("-m ddp_lab.experiments.nb08_profile", nproc=2, threads=1, stream=False, timeout=180,
                           args=["--out", str(tmp_path), "--models", "small", "--sizes", "1,2", "--warmup", "1",
-                                "--rounds", "2", "--steps", "2", "--profile", "3", "--straggler-ms", "30"])
+                                "--rounds", "2", "--steps", "2", "--profile", "3", "--straggler-ms", "30",
+                                "--logging", "--log-every", "2"])
     assert [len(r["step_s"]) for r in run.select(kind="timing", model="small", n=2)] == [4, 4]
     assert sorted(p.name for p in (tmp_path / "small_n1").iterdir()) == ["rank0.json"]
     plain = profiling.load_run(tmp_path / "small_n2")
@@ -112,3 +113,9 @@ def test_program_traces_and_straggler(tmp_path):
     for s0, s1 in zip(late[0], late[1]):
         assert profiling.budget(s1)["data"] >= 0.030
         assert s0.comm[-1][1] > s1.phases["data"][1]   # rank 0's all-reduce waited for rank 1
+    # the logging rounds: the process group's own count of collectives, beyond what .item() ran (DDP's
+    # all-reduces), is one reduction per step logged every step and one per N steps logged every N
+    log = {r["way"]: r for r in run.select(kind="logging", rank=0)}
+    extra = {w: sum(log[w]["collectives"]) - sum(log["item"]["collectives"]) for w in ("all_reduce", "every_n")}
+    assert extra["all_reduce"] == len(log["all_reduce"]["calls_s"]) == 8 * 4 * 2
+    assert extra["every_n"] == len(log["every_n"]["calls_s"]) == 8 * 4

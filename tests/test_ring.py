@@ -126,3 +126,18 @@ def test_static_strip_has_one_panel_per_step_and_the_stepper_builds():
     algo = next(w for w in box.children[0].children if isinstance(w, W.Dropdown))
     algo.value = "ring_unchunked"
     assert step.max == 2  # N-1 steps
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_collective_bytes_are_the_simulated_ring_phases(n):
+    # the formulas notebook 03 prices the hybrid layouts with, against the simulation's own messages
+    numel = 64 * n
+    sim = ring.simulate([np.ones(numel, dtype=np.float32)] * n, "ring")
+    S = numel * 4
+    phase = {p: sum(m.nbytes for step, ph in zip(sim.steps, sim.phases) if ph == p for m in step if m.src == 0)
+             for p in ("reduce-scatter", "all-gather")}
+    assert ring.collective_bytes("reduce_scatter", n, S) == phase["reduce-scatter"]
+    assert ring.collective_bytes("all_gather", n, S) == phase["all-gather"]
+    assert ring.collective_bytes("all_reduce", n, S) == sim.bytes_sent[0]
+    with pytest.raises(ValueError):
+        ring.collective_bytes("broadcast", n, S)

@@ -138,19 +138,23 @@ def logging_rounds(ctx, group, global_batch, steps, rounds, every):
     timed(model, optimizer, it, ctx, 5)
     ways = ("every_n", "item", "all_reduce")
     log_s, step_s, calls = {w: [] for w in ways}, {w: [] for w in ways}, {w: [] for w in ways}
+    ran = {w: [] for w in ways}  # collectives the process group itself counted, DDP's included, per round
     for _ in range(rounds):
         for way in ways:
             acc = {"sum": 0.0, "dev": torch.zeros((), device=ctx.device), "count": 0, "steps": 0,
                    "every": every, "log_s": 0.0, "group": group, "calls": calls[way]}
             dist.barrier(group=group)
+            seq = group._get_sequence_number_for_group()  # private, but gloo's and NCCL's own count
             t0 = time.perf_counter()
             for _ in range(steps):
                 train_step(model, optimizer, it, ctx, log=way, acc=acc)
             step_s[way].append((time.perf_counter() - t0) / steps)
+            ran[way].append(group._get_sequence_number_for_group() - seq)
             log_s[way].append(acc["log_s"] / steps)
     for way in ways:  # each round holds steps // every of every_n's all-reduces: its median is theirs
         ctx.record(kind="logging", way=way, every=every, log_s=statistics.median(log_s[way]),
-                   step_s=statistics.median(step_s[way]), rounds_log_s=log_s[way], calls_s=calls[way])
+                   step_s=statistics.median(step_s[way]), rounds_log_s=log_s[way], calls_s=calls[way],
+                   collectives=ran[way])
     del model, optimizer
 
 

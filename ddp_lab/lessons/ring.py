@@ -147,6 +147,16 @@ def simulate(tensors, algorithm: str = "ring") -> Simulation:
     return sim
 
 
+def collective_bytes(op: str, n: int, nbytes: float) -> float:
+    """Bytes one rank sends in a ring collective over n ranks, S = nbytes the whole tensor:
+    all_reduce 2(n-1)/n*S (a reduce-scatter, then an all-gather), reduce_scatter and all_gather
+    (n-1)/n*S each (S is the full tensor: the input of a reduce-scatter, the output of an all-gather)."""
+    share = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
+    if op not in share:
+        raise ValueError(f"op must be one of {sorted(share)}, not {op!r}")
+    return share[op] * (n - 1) / n * nbytes
+
+
 def _copy(held):
     return [[set(c) for c in row] for row in held]
 
