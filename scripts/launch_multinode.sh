@@ -5,8 +5,10 @@
 #   other node:  NNODES=2 NODE_RANK=1 MASTER_ADDR=head-hostname bash scripts/launch_multinode.sh --epochs 10
 #
 # Arguments after the script name go to train_ddp.py. DRY_RUN=1 prints the command instead.
-# Every node must reach MASTER_ADDR:MASTER_PORT (open the port in the firewall), see the same
-# code and data paths, and, for --ckpt-dir, share the checkpoint folder (rank 0 writes it).
+# Every node must reach the others over TCP on the cluster network, not only MASTER_ADDR:MASTER_PORT:
+# only the rendezvous uses MASTER_PORT; NCCL and gloo connect the ranks on ephemeral ports (allow TCP
+# between the nodes, not one port in the firewall). Every node must also see the same code and data
+# paths and, for --ckpt-dir, share the checkpoint folder (rank 0 writes it).
 # Comments never follow a trailing backslash below: `cmd \  # note` ends the command there.
 set -euo pipefail
 

@@ -58,7 +58,8 @@ def test_each_node_runs_one_torchrun_that_meets_the_others_at_the_first_node(tmp
     proc = subprocess.run(["bash", "scripts/slurm_ddp.sbatch", "--epochs", "1", "--ckpt-dir", "runs/ckpt"],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "--kill-on-bad-exit=1" in (log / "srun_options").read_text().split()
+    # srun gets the task's CPUs itself: since SLURM 22.05 it no longer takes --cpus-per-task from sbatch
+    assert {"--kill-on-bad-exit=1", "--cpus-per-task=16"} <= set((log / "srun_options").read_text().split())
     nodes = {json.loads(p.read_text())["env"]["SLURMD_NODENAME"]: json.loads(p.read_text())
              for p in sorted(log.glob("node*.json"))}
     assert sorted(nodes) == ["node07", "node08"]             # one torchrun per node, not one per GPU

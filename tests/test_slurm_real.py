@@ -6,7 +6,10 @@ One SLURM, four jobs, as a user would submit them from the login node:
 - the same job cancelled (`scancel`) after its first checkpoint, then resubmitted: it resumes from
   that checkpoint and ends with the straight run's model, bit for bit;
 - the same job with `--requeue`, and one of its nodes crashed: SLURM requeues it, and it resumes to
-  the same model.
+  the same model;
+- the batch file with a probe in place of train_ddp.py, whose workers print their CPU affinity: each
+  gets the job's 2 CPUs a node, and 1 where srun is not given --cpus-per-task (SLURM binds tasks by
+  default here, as many sites do).
 The link is shaped to 200 Mbit/s and the model is wide, so a step lasts at least the link's time
 for its gradients (`wide_mlp`: 3.3 MB): the cancel lands long before the job could end.
 Where SLURM cannot run (not installed, not root, no cluster), the tests say why and skip, except
@@ -20,7 +23,7 @@ import psutil
 import pytest
 
 from conftest import processes_with, wait_until
-from ddp_lab.engine import slurm
+from ddp_lab.engine import launch, slurm
 
 OK, WHY = slurm.available()
 needs_slurm = pytest.mark.skipif(not OK and not os.environ.get("CI"), reason=WHY)
@@ -122,3 +125,31 @@ def test_a_requeue_job_survives_a_crashed_node_and_resumes_to_the_same_model(clu
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", (record, log[-2000:])
     assert int(re.search(r"resumed from \S+ at step (\d+)", log).group(1)) >= 4
     assert "done: step 24" in log and sha_of(log) == sha_of((tmp / "straight.out").read_text())
+
+
+def test_every_worker_gets_the_jobs_cpus_and_one_where_srun_is_not_told(cluster):
+    """Since SLURM 22.05 srun no longer takes --cpus-per-task from the batch job (sbatch(1)). The batch
+    file passes it on; without it, where tasks are bound by default, the task (torchrun and every
+    worker under it) is bound to 1 CPU. Debian's 22.05 here: measured, not assumed."""
+    s, tmp, _ = cluster
+    if s.unbound:
+        pytest.skip(s.unbound)
+    shipped = (launch.ROOT / "scripts" / "slurm_ddp.sbatch").read_text()
+    flag = ' --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}"'
+    assert flag in shipped and "scripts/train_ddp.py" in shipped
+    probe = shipped.replace("scripts/train_ddp.py", "-m ddp_lab.experiments.nb10_cpus")
+    counts = {}
+    for name, text in (("shipped", probe), ("no_flag", probe.replace(flag, ""))):
+        (tmp / f"{name}.sbatch").write_text(text)
+        job = s.sbatch(["--gpus-per-node=2", "--cpus-per-task=2", f"--output={tmp}/{name}.out",
+                        str(tmp / f"{name}.sbatch")], wait=True)
+        log = (tmp / f"{name}.out").read_text()
+        assert s.job(job)["JobState"] == "COMPLETED", log[-2000:]
+        counts[name] = sorted((host, int(rank), int(n)) for host, rank, n in
+                              re.findall(r"^(node\d) rank (\d+): (\d+) CPU", log, re.M))
+    # 2 nodes x 2 workers, a line each (the rendezvous decides which node holds ranks 0-1)
+    for name, seen in counts.items():
+        assert [h for h, *_ in seen] == ["node0", "node0", "node1", "node1"], (name, seen)
+        assert sorted(r for _, r, _ in seen) == [0, 1, 2, 3], (name, seen)
+    assert [n for *_, n in counts["shipped"]] == [2, 2, 2, 2], counts
+    assert [n for *_, n in counts["no_flag"]] == [1, 1, 1, 1], counts

@@ -14,6 +14,8 @@ hostname of its own (node0, node1, ...: a UTS namespace), joined to the others b
 run() live in the namespace that holds the bridge, which plays the login node. So nothing any
 daemon or job opens is reachable from outside these namespaces, and the jobs' ports never meet
 the host's. The daemons' config, state, munge key and logs live in one scratch folder (`.dir`).
+Tasks are bound to their CPUs as at a site that binds them by default (task/affinity), so a job
+sees the CPUs SLURM gave it (`.unbound` says why not, where this machine cannot).
 
 SLURM's daemons run as root (slurmd starts jobs as their user), so this needs root, as in CI, a
 container or a VM, and Debian's packages: `apt-get install slurmctld slurmd slurm-client munge`.
@@ -54,7 +56,7 @@ SlurmdPidFile={dir}/slurmd-%n.pid
 SlurmctldLogFile={dir}/slurmctld.log
 SlurmdLogFile={dir}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin={task}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 JobAcctGatherType=jobacct_gather/none
@@ -70,6 +72,24 @@ GresTypes=gpu
 {nodes}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
+
+
+# Tasks bound to their CPUs, as on a site that binds them by default: task/affinity, and a default
+# binding where its auto-binding finds no match. Plain task/affinity left one task on a node of 2
+# sockets unbound (measured with 22.05: 2 CPUs with or without srun's --cpus-per-task), which hid the
+# pitfall. Threads, not cores, so that a task of 1 CPU should get 1 CPU on a machine with SMT too
+# (expected: this one has none).
+BINDING = "task/affinity\nTaskPluginParam=autobind=threads"
+
+
+def binding(cpus: int) -> str:
+    """"" where slurmd can bind tasks to the CPUs a node offers (0..cpus-1), else one line: why not."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    missing = sorted(set(range(cpus)) - allowed)
+    if missing:
+        return (f"tasks are not bound to CPUs here (TaskPlugin=task/none): each node offers CPUs 0-{cpus - 1}, "
+                f"and this machine lets us use only {sorted(allowed)}")
+    return ""
 
 
 def available() -> tuple[bool, str]:
@@ -90,7 +110,8 @@ def available() -> tuple[bool, str]:
 def _conf(folder: str, nodes: int, cpus: int, gpus: int) -> None:
     lines = "\n".join(f"NodeName=node{k} NodeAddr={netcluster.node_addr(k)} CPUs={cpus} Gres=gpu:fake:{gpus} "
                       "State=UNKNOWN" for k in range(nodes))
-    Path(folder, "slurm.conf").write_text(CONF.format(controller=CONTROLLER, dir=folder, nodes=lines))
+    task = "task/none" if binding(cpus) else BINDING
+    Path(folder, "slurm.conf").write_text(CONF.format(controller=CONTROLLER, dir=folder, nodes=lines, task=task))
     # Stand-in GPUs: files in the scratch folder, so a job may ask for --gpus-per-node and gets
     # SLURM_GPUS_ON_NODE (SLURM's gpu plugin wants a File per GPU; its ranks run on the CPU anyway)
     for g in range(gpus):
@@ -163,7 +184,7 @@ def serve(folder: str, nodes: int, link: str, cpus: int, gpus: int) -> int:
         print(json.dumps({"error": f"the nodes did not come up within 30 s (sinfo: {state or 'nothing'}); "
                                    f"see {folder}/daemons.log"}), flush=True)
         return 3
-    print(json.dumps({"ready": round(time.time() - started, 2)}), flush=True)
+    print(json.dumps({"ready": round(time.time() - started, 2), "binding": binding(cpus)}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
         if "crash" in req:
@@ -199,6 +220,7 @@ class Slurm:
         self.dir = Path(tempfile.mkdtemp(prefix="ddp_lab_slurm_"))
         self.server: subprocess.Popen | None = None
         self.ready_s: float | None = None
+        self.unbound = ""    # "" where tasks are bound to their CPUs, else one line: why not
 
     def __enter__(self) -> "Slurm":
         cmd = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
@@ -208,7 +230,8 @@ class Slurm:
         self.server = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                        text=True, env=launch._importing_this_checkout(dict(os.environ)))
         try:
-            self.ready_s = self._answer(self.timeout)["ready"]
+            ready = self._answer(self.timeout)
+            self.ready_s, self.unbound = ready["ready"], ready["binding"]
         except BaseException:
             self.stop()
             raise
