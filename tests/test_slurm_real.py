@@ -68,6 +68,7 @@ def cluster(tmp_path_factory):
     assert wait_until(lambda: not processes_with(str(folder)), timeout=10), processes_with(str(folder))
     assert wait_until(lambda: not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE, 10)
     assert not [p for p in processes_with("slurmd") if "ddp_lab_slurm_" in " ".join(p.cmdline())]
+    assert not folder.exists(), f"the scratch folder (munge key, logs) was left behind: {folder}"
 
 
 def sha_of(log: str) -> str:

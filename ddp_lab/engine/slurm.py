@@ -13,7 +13,8 @@ hostname of its own (node0, node1, ...: a UTS namespace), joined to the others b
 `link`. The controller (hostname `ctl`, 10.77.0.254 on the bridge) and every command given to
 run() live in the namespace that holds the bridge, which plays the login node. So nothing any
 daemon or job opens is reachable from outside these namespaces, and the jobs' ports never meet
-the host's. The daemons' config, state, munge key and logs live in one scratch folder (`.dir`).
+the host's. The daemons' config, state, munge key and logs live in one scratch folder (`.dir`),
+removed when the `with` block ends (kept with keep=True, or when the block fails: its logs are there).
 Tasks are bound to their CPUs as at a site that binds them by default (task/affinity), so a job
 sees the CPUs SLURM gave it (`.unbound` says why not, where this machine cannot).
 
@@ -212,7 +213,8 @@ def serve(folder: str, nodes: int, link: str, cpus: int, gpus: int) -> int:
 class Slurm:
     """A localhost SLURM of `nodes` nodes joined by `link`, for the length of a `with` block."""
 
-    def __init__(self, nodes: int = 2, link: str = "1gbit", cpus: int = 2, gpus: int = 4, timeout: float = 60):
+    def __init__(self, nodes: int = 2, link: str = "1gbit", cpus: int = 2, gpus: int = 4, timeout: float = 60,
+                 keep: bool = False):
         ok, why = available()
         if not ok:
             raise launch.ClusterUnavailable(why)
@@ -221,9 +223,14 @@ class Slurm:
         self.server: subprocess.Popen | None = None
         self.ready_s: float | None = None
         self.unbound = ""    # "" where tasks are bound to their CPUs, else one line: why not
+        # The scratch folder (config, state, munge key, daemons' logs) goes when the block ends, unless
+        # keep=True or the block failed: then it stays for its logs, and the error names it
+        self.keep = keep
 
     def __enter__(self) -> "Slurm":
-        cmd = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()), "--",
+        # if this kernel dies, the guardian stops the daemons and removes the scratch folder
+        cmd = [sys.executable, "-m", "ddp_lab.engine._reaper", str(os.getpid()),
+               *([] if self.keep else ["--rm", str(self.dir)]), "--",
                "unshare", "--net", "--mount", "--uts", sys.executable, "-m", "ddp_lab.engine.slurm", "--serve",
                "--dir", str(self.dir), "--nodes", str(self.nodes), "--link", self.link,
                "--cpus", str(self.cpus), "--gpus", str(self.gpus)]
@@ -237,8 +244,10 @@ class Slurm:
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self.stop()
+        if exc_type is None and not self.keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def _answer(self, timeout: float) -> dict:
         ready, _, _ = select.select([self.server.stdout], [], [], timeout)
