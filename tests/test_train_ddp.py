@@ -184,7 +184,7 @@ def test_distributed_eval_counts_every_sample_once(ref):
     shard = load_module().evaluation_loader
     for n in (297, 10, 7, 3, 1):
         for world in range(1, 9):
-            got = sorted(i for r in range(world) for i in shard(list(range(n)), r, world, 0).dataset.indices)
+            got = sorted(i for r in range(world) for i in shard(list(range(n)), r, world, 0, torch.device("cpu")).dataset.indices)
             assert got == list(range(n)), (n, world)
 
 
@@ -278,7 +278,7 @@ def test_the_scripts_copies_of_workbook_code_stay_equal(tmp_path, monkeypatch):
     for n in (297, 10, 3):  # exact evaluation shards: ddp_lab.lessons.sampling.exact_shard
         for world in (1, 2, 3, 5):
             for rank in range(world):
-                got = list(mod.evaluation_loader(list(range(n)), rank, world, 0).dataset.indices)
+                got = list(mod.evaluation_loader(list(range(n)), rank, world, 0, torch.device("cpu")).dataset.indices)
                 assert got == sampling.exact_shard(n, rank, world)
     # atomic saves: temp file in the same folder, fsync it, rename over, fsync the folder
     calls = []

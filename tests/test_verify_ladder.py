@@ -38,6 +38,7 @@ Out of scope, with the reason (each experiment is either in PROGRAMS or named he
   nb09_strategies.py     DDP beside ZeroRedundancyOptimizer and FSDP2, whose parameters and optimizer
                          state are sharded per rank by design (verify compares whole replicas)
   nb09b_parallelisms.py  tensor and pipeline parallelism by hand: split across ranks by design
+  nb10_cpus.py           prints each worker's CPUs under the localhost SLURM: no training
   nb11_gpu_paths.py      DDP's options counted: grads read in comm hooks, graphs counted by a backend
                          of its own, FSDP2/HSDP shards per rank by design (verify compares whole replicas)
 """
