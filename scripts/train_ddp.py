@@ -45,7 +45,7 @@ those steps per rank. See docs/train_ddp.md.
 
 This file is the last rung of a ladder: minimal_ddp.py, then ddp2_metrics.py ... ddp7_data_models.py
 beside it, each a small diff of the one before (notebook 06b shows the diffs).
-Needs only torch (torchvision for resnet18/cifar10/imagefolder; scikit-learn for digits).
+Needs only torch 2.4 or newer (torchvision for resnet18/cifar10/imagefolder; scikit-learn for digits).
 Your own data or model: see "Your own data and model" in docs/train_ddp.md.
 """
 from __future__ import annotations
@@ -113,7 +113,7 @@ def parse_args(argv=None):
     a("--grad-compression", default="none", choices=["none", "fp16", "bf16"])
     a("--bucket-cap-mb", type=float, default=None,
       help="DDP gradient bucket size in MiB (default: DDP's own, 25 with a small first bucket)")
-    a("--compile", action="store_true", help="compile the model (model.compile(), then DDP)")
+    a("--compile", action="store_true", help="compile the model (its forward, in place), then wrap it in DDP")
     a("--ckpt-dir", default=None)
     a("--save-every", type=int, default=100, help="steps between checkpoints")
     a("--resume", default="auto", help="auto (D/last.pt or D/last.dcp if it exists) | PATH | none")
@@ -148,8 +148,14 @@ class UsageError(Exception):
     """Bad input: rank 0 prints one message, every rank exits with code 2, no traceback."""
 
 
+TORCH_FLOOR = (2, 4)  # tried: every flag ran on torch 2.4.1; 2.3 fails in DDP's constructor (bucket_cap_mb=None)
+
+
 def validate(args) -> None:
     """Checks that need nothing but the arguments: every rank reaches the same verdict."""
+    have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if have < TORCH_FLOOR:
+        raise UsageError(f"torch {torch.__version__} is older than this script needs: pip install 'torch>=2.4'")
     for name in ("batch_size", "epochs", "accum_steps", "save_every", "log_every", "max_skipped_steps"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
@@ -678,8 +684,9 @@ def set_tf32(args, device) -> str:
 
 def wrap_model(args, model, device):
     """The DDP model: compiled first if asked, DDP's buckets holding the gradients, an optional compression hook."""
-    if args.compile:  # the module, in place, before DDP: parameter and state_dict names keep no "_orig_mod."
-        model.compile()  # prefix; DDPOptimizer cuts one graph per bucket (in either order on torch 2.14)
+    if args.compile:  # the module's forward, in place, before DDP: names keep no "_orig_mod." prefix, and a bare
+        model.forward = torch.compile(model.forward)  # nn.Sequential compiles on torch 2.4-2.13 too, where
+        # model.compile() skips it silently (Dynamo skips torch.nn's Module.__call__); one graph per bucket
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                     bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)  # .grad = a view: no copy back
     if args.grad_compression != "none":  # gradients cast to 16 bits for the all-reduce only

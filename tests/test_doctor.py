@@ -238,3 +238,22 @@ def test_a_torch_mismatch_names_its_fix(monkeypatch):
     monkeypatch.setattr(allreduce, "across", lambda *a, **k: {"ok": False, "error": error})
     c = checks.across_nodes(doctor.plan(nnodes=2, node_rank=1, master_addr="10.0.0.7"))
     assert c.status == "fail" and "node 1 has torch 2.4.0" in c.detail and "same torch on every node" in c.fix
+
+
+def test_torch_below_the_workbooks_floor_warns_and_below_the_scripts_fails(monkeypatch):
+    """The two floors tried (ddp_lab.TORCH_FLOOR for the notebooks, SCRIPTS_TORCH_FLOOR for scripts/):
+    2.14 passes, 2.10 warns that only scripts/ run, 2.3 fails; pyproject and environment.yml declare
+    the workbook's floor."""
+    import torch
+    import ddp_lab
+    seen = {}
+    for version in ("2.14.1", "2.10.0+cu128", "2.3.1"):
+        monkeypatch.setattr(torch, "__version__", version)
+        seen[version] = checks.torch_version(None)
+    assert seen["2.14.1"].status == "pass"
+    assert seen["2.10.0+cu128"].status == "warn" and "scripts/ run on it" in seen["2.10.0+cu128"].detail
+    assert seen["2.3.1"].status == "fail" and "torch>=2.14" in seen["2.3.1"].fix
+    floor = ".".join(map(str, ddp_lab.TORCH_FLOOR))
+    root = Path(__file__).resolve().parents[1]
+    assert f'"torch>={floor}"' in (root / "pyproject.toml").read_text()
+    assert f"pytorch>={floor}" in (root / "environment.yml").read_text()

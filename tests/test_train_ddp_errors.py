@@ -106,3 +106,20 @@ def test_bad_flag_under_torchrun_is_rank_0s_one_line_and_exit_code_2(tmp_path):
     # torchrun's summary: the root cause is rank 0, with the script's exit code
     root = run_.log[run_.log.index("Root Cause"):]
     assert "rank      : 0 (local_rank: 0)" in root and "exitcode  : 2 " in root, root
+
+
+def test_a_torch_older_than_the_floor_is_refused_with_the_fix(monkeypatch):
+    """The floor the script was tried on (2.4.1 ran every flag, 2.3 failed): an older torch gets one
+    error naming the fix, before anything starts; the floor agrees with the doctor's (ddp_lab)."""
+    import importlib.util
+    from ddp_lab import SCRIPTS_TORCH_FLOOR
+    from ddp_lab.engine import launch
+    spec = importlib.util.spec_from_file_location("train_floor", launch.script("train_ddp.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.TORCH_FLOOR == SCRIPTS_TORCH_FLOOR
+    monkeypatch.setattr(mod.torch, "__version__", "2.3.1+cu121")
+    with pytest.raises(mod.UsageError, match=r"torch 2.3.1\+cu121 is older .* pip install 'torch>=2.4'"):
+        mod.validate(mod.parse_args([]))
+    monkeypatch.setattr(mod.torch, "__version__", "2.4.1")
+    mod.validate(mod.parse_args([]))

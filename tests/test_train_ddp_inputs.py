@@ -167,20 +167,24 @@ def test_resnet18_trains_a_couple_of_steps(tmp_path):
 
 
 def test_compile_compiles_and_matches_eager(tmp_path):
-    """--compile really compiles (Inductor writes the code it generates into its cache folder; with
-    torch.compile(DDP(model)) nothing was ever written: Dynamo stopped at DDP's forward) and trains
-    like eager."""
+    """--compile really compiles (Inductor writes the code it generates into its cache folder; for the
+    default mlp, a bare nn.Sequential, torch.compile(DDP(model)) wrote nothing, and so did model.compile()
+    before torch 2.14), trains like eager, and its checkpoint keeps the eager run's parameter names."""
     runs, generated = {}, {}
     for name, flags in (("eager", []), ("compiled", ["--compile"])):
         m, cache = tmp_path / f"{name}.jsonl", tmp_path / f"inductor_{name}"
         ok(run("--max-steps", "3", "--epochs", "1", "--log-every", "1", "--progress", "off",
-               "--metrics-out", m, *flags, cwd=tmp_path, env={"TORCHINDUCTOR_CACHE_DIR": str(cache)}))
+               "--metrics-out", m, "--ckpt-dir", tmp_path / f"ckpt_{name}", *flags, cwd=tmp_path,
+               env={"TORCHINDUCTOR_CACHE_DIR": str(cache)}))
         runs[name] = final(m)[1]
         generated[name] = [p for p in cache.rglob("*.py")] if cache.exists() else []
     losses = {k: [r["loss"] for r in v if r["kind"] == "train"] for k, v in runs.items()}
     assert len(losses["compiled"]) == 3
     assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)
     assert generated["compiled"] and not generated["eager"]
+    keys = {name: list(torch.load(tmp_path / f"ckpt_{name}" / "last.pt", weights_only=True)["model"])
+            for name in runs}
+    assert keys["compiled"] == keys["eager"] and not any("_orig_mod" in k for k in keys["compiled"]), keys
 
 
 def test_non_image_samples_train_an_mlp_and_name_the_fix_for_a_cnn(tmp_path):

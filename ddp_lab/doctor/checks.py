@@ -54,12 +54,22 @@ def python_version(plan) -> Check:
 
 
 def torch_version(plan) -> Check:
+    """Fail below the scripts' floor (nothing here runs), warn below the workbook's (scripts/ run, the
+    notebooks and ddp_lab's programs need newer APIs): ddp_lab.TORCH_FLOOR, SCRIPTS_TORCH_FLOOR."""
     import torch
-    major, minor = (int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
-    ok = (major, minor) >= (2, 4)
+    from ddp_lab import SCRIPTS_TORCH_FLOOR, TORCH_FLOOR
+    have = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
     cuda = torch.version.cuda or "none (CPU build)"
-    return Check("torch", "pass" if ok else "fail", f"torch {torch.__version__}, built for CUDA {cuda}",
-                 "" if ok else "pip install 'torch>=2.4'", {"torch": torch.__version__, "cuda": torch.version.cuda})
+    need, scripts = ".".join(map(str, TORCH_FLOOR)), ".".join(map(str, SCRIPTS_TORCH_FLOOR))
+    detail, data = f"torch {torch.__version__}, built for CUDA {cuda}", {"torch": torch.__version__, "cuda": torch.version.cuda}
+    if have < SCRIPTS_TORCH_FLOOR:
+        return Check("torch", "fail", f"{detail}: older than {scripts}, the oldest torch scripts/ run on "
+                     f"(the notebooks need {need})", f"pip install 'torch>={need}'", data)
+    if have < TORCH_FLOOR:
+        return Check("torch", "warn", f"{detail}: scripts/ run on it (from {scripts}), but the notebooks and "
+                     f"ddp_lab's programs use torch {need} APIs (dist.set_timeout, torch.distributed.debug, FSDP2 on gloo)",
+                     f"pip install 'torch>={need}' for the workbook; scripts/train_ddp.py as it is", data)
+    return Check("torch", "pass", detail, "", data)
 
 
 def _nvidia_smi() -> str | None:
