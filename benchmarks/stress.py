@@ -10,7 +10,8 @@
    nbval, as `make test` runs them.
 3. The tests that start processes on the newer paths (the hang autopsy of six kinds of hang, the
    NaN skip and clipping, resume on shared and unshared storage, the exit-time release, what a
-   launch and the live ranks listen on), --test-passes times in a row under pytest, --test-jobs
+   launch and the live ranks listen on, the folders a launch and elastic agents leave, the doctor
+   across two nodes), --test-passes times in a row under pytest, --test-jobs
    files at a time as `make test` runs them (each file beside another file's processes).
 4. The browser tests (tests/e2e: JupyterLab in headless Chromium), --e2e-passes times in a row.
 5. scripts/slurm_ddp.sbatch submitted --slurm-runs times in a row to one localhost SLURM of two
@@ -126,7 +127,8 @@ PROCESS_TESTS = ("tests/test_autopsy.py", "tests/test_train_ddp_steps.py",
                  "tests/test_exit_release.py", "tests/test_launch_rootcause.py",
                  "tests/test_train_ddp_dcp.py", "tests/test_grade.py", "tests/test_verify.py",
                  "tests/test_verify_ladder.py", "tests/test_netcluster.py", "tests/test_private_ports.py",
-                 "tests/test_interactive.py")
+                 "tests/test_interactive.py", "tests/test_launch.py", "tests/test_elastic.py",
+                 "tests/test_doctor.py")
 
 
 def stress_tests(passes: int, timeout: float, files: str, label: str = "tests", jobs: int = 0) -> tuple[int, list[str]]:
