@@ -11,6 +11,8 @@ RanksInterrupted after the stop button. `--noblock` and `--no-stream` behave as 
 """
 from __future__ import annotations
 
+import time
+
 from ipyparallel.client.magics import ParallelMagics
 
 from ddp_lab.engine.interactive import OUTPUT_WAIT_S, RanksError
@@ -56,6 +58,12 @@ class RankMagics(ParallelMagics):
             try:
                 self.ranks._wait(result)  # the stop button: RanksInterrupted, after the last lines
             except RanksError as e:
+                # The reply can beat a failed rank's error on IOPub (seen once, under load: the error
+                # was then printed short and the rank's traceback lost): wait until each has streamed
+                streamed = {r for r, line in e.errors if not line.startswith("KeyboardInterrupt")}
+                deadline = time.monotonic() + OUTPUT_WAIT_S
+                while not streamed <= shown and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 raise FailedOnRanks(e, shown) from None
             finally:
                 if result.ready():        # the reply came; the lines printed last may not have
