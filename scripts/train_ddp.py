@@ -684,9 +684,8 @@ def set_tf32(args, device) -> str:
 
 def wrap_model(args, model, device):
     """The DDP model: compiled first if asked, DDP's buckets holding the gradients, an optional compression hook."""
-    if args.compile:  # the module's forward, in place, before DDP: names keep no "_orig_mod." prefix, and a bare
-        model.forward = torch.compile(model.forward)  # nn.Sequential compiles on torch 2.4-2.13 too, where
-        # model.compile() skips it silently (Dynamo skips torch.nn's Module.__call__); one graph per bucket
+    if args.compile:  # forward, in place, before DDP: names keep no "_orig_mod." prefix, and a bare nn.Sequential
+        model.forward = torch.compile(model.forward)  # compiles on torch < 2.14 too (model.compile() skipped it)
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                     bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)  # .grad = a view: no copy back
     if args.grad_compression != "none":  # gradients cast to 16 bits for the all-reduce only

@@ -144,7 +144,7 @@ KEYS = {
     8: (Key("main", "@record", "@record",
             "torchrun's failure summary then holds the failing rank's own traceback."),
         Key("wrap_model", "if args.compile:", "return ddp_model",
-            "The module compiled before DDP wraps it (the order that compiles), DDP with tunable buckets that "
+            "The model's forward compiled in place before DDP wraps it (one graph per bucket), DDP with tunable buckets that "
             "hold the gradients (each .grad a view into its bucket), "
             "an optional 16-bit gradient compression hook."),
         Key("params_sha256", "h = hashlib.sha256()", "return h.hexdigest()",
