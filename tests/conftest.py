@@ -10,6 +10,30 @@ import pytest
 
 HERE = Path(__file__).parent
 PROGRAMS = HERE / "programs"
+GRADES_ENV = "DDP_LAB_GRADES"  # ddp_lab.grade.store.GRADES_ENV
+
+
+def pytest_configure(config):
+    """The whole session's verdicts (solution notebooks under nbval, graders in tests, the kernels and
+    processes they start) go to a scratch grades file, never the learner's ~/.ddp_lab/grades.json or
+    the file their own DDP_LAB_GRADES names. Set here, before any kernel starts; a test may still
+    point it elsewhere with monkeypatch."""
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="ddp_lab_test_grades_")
+    config._ddp_lab_grades = (folder, os.environ.get(GRADES_ENV))
+    os.environ[GRADES_ENV] = os.path.join(folder, "grades.json")
+
+
+def pytest_unconfigure(config):
+    import shutil
+    folder, before = getattr(config, "_ddp_lab_grades", (None, None))
+    if folder is None:
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    if before is None:
+        os.environ.pop(GRADES_ENV, None)
+    else:
+        os.environ[GRADES_ENV] = before
 
 
 @pytest.fixture

@@ -30,6 +30,13 @@ FIXTURES = {"01.4": nb01_gradients, "01.5": nb01_synced, "02.4": nb02_evaluation
             "11.1": nb11_bf16, "11.2": nb11_hook}
 CASES = [(eid, "good", None) for eid in FIXTURES] + \
         [(eid, name, hint) for eid, mod in FIXTURES.items() for name, (_, hint) in mod.MISTAKES.items()]
+# A right answer passes whether it computes in float32 (torch's default) or float64: each numeric
+# exercise's fixture has PRECISIONS = {"float32": answer, "float64": answer}. These hand in no float:
+NO_FLOATS = {"01.5": "names of state_dict entries", "02.5": "sample indices",
+             "04.5": "a dtype name and a flag", "06.4": "a checkpoint, compared bit for bit",
+             "06.5": "a file written atomically", "07.1": "names of changed entries",
+             "07.3": "parameter names", "10.5": "torchrun's arguments", "11.1": "yes or no"}
+PRECISION_CASES = [(eid, dtype) for eid, mod in FIXTURES.items() for dtype in getattr(mod, "PRECISIONS", {})]
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +49,7 @@ def grades_file(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def graded():
     items = [(eid, f"{eid} good", mod.good) for eid, mod in FIXTURES.items()]
+    items += [(eid, f"{eid} in {dtype}", FIXTURES[eid].PRECISIONS[dtype]) for eid, dtype in PRECISION_CASES]
     items += [(eid, f"{eid} {name}", answer) for eid, mod in FIXTURES.items()
               for name, (answer, _) in mod.MISTAKES.items()]
     return grade.check_all(items)
@@ -55,6 +63,34 @@ def test_answer_gets_its_verdict(graded, exercise_id, name, hint):
     else:
         assert result.passed is False and hint in str(result), str(result)
         assert len(str(result).splitlines()) <= 8  # one short block, not a traceback
+
+
+@pytest.mark.parametrize("exercise_id, dtype", PRECISION_CASES, ids=[f"{e} {d}" for e, d in PRECISION_CASES])
+def test_right_answer_passes_in_float32_and_float64(graded, exercise_id, dtype):
+    result = graded[f"{exercise_id} in {dtype}"]
+    assert result.passed, str(result)
+
+
+def test_every_numeric_exercise_is_graded_in_both_precisions():
+    numeric = {eid for eid, _ in PRECISION_CASES}
+    assert numeric | set(NO_FLOATS) == set(grade.REGISTRY) and not numeric & set(NO_FLOATS)
+    assert all(set(FIXTURES[eid].PRECISIONS) == {"float32", "float64"} for eid in numeric)
+
+
+def test_accuracy_in_float32_is_judged_by_its_value_and_a_miss_says_the_tolerance():
+    import numpy as np
+    ex = grade.REGISTRY["02.4"]
+    as_float32 = lambda v: {r: {"value": float(np.float32(v)), "world": 2} for r in range(2)}  # noqa: E731
+    assert core.judge(ex, as_float32(7 / 11)) == []
+    padded = core.judge(ex, as_float32(8 / 12))
+    assert len(padded) == 1 and "the padding was counted" in padded[0], padded
+    assert "compared within 1e-6 of its size, which float32 and float64 both meet" in padded[0]
+
+
+def test_world_size_division_gets_its_own_hint_not_the_step_one(graded):
+    text = str(graded["05.4 divides by the world size"])
+    assert "divided by the world size (2), not by K = 4" in text, text
+    assert "optimizer.step()" not in text and "zero_grad" not in text, text
 
 
 def test_every_exercise_has_fixtures():
@@ -103,7 +139,8 @@ def test_progress_keeps_a_pass_and_reads_the_file_given(grades_file, capsys):
     progress.record(ex, True)
     progress.record(ex, False)  # a later failed try does not undo the pass
     progress.record(grade.REGISTRY["02.4"], False)
-    table = grade.progress()
+    assert grade.progress() is None  # printed once: nothing for a notebook cell to echo
+    table = grade.table()
     assert table["05_gradient_accumulation"]["05.4"] == "passed"
     assert table["02_sampler_and_metrics"]["02.4"] == "tried"
     assert table["09_beyond_ddp"]["09.5"] == "not attempted"
@@ -138,7 +175,7 @@ def test_two_kernels_recording_at_once_lose_no_verdict(grades_file):
 def test_unreadable_grades_file_says_what_to_do(grades_file):
     grades_file.write_text("{not json")
     with pytest.raises(RuntimeError, match="delete it or point DDP_LAB_GRADES"):
-        grade.progress(show=False)
+        grade.table()
     assert grades_file.read_text() == "{not json"  # nothing overwritten
 
 

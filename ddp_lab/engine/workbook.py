@@ -32,6 +32,7 @@ import sys
 import time
 from datetime import date
 from pathlib import Path
+from unittest import mock
 
 from ddp_lab.engine import corepath
 from ddp_lab.engine.launch import ROOT
@@ -83,9 +84,13 @@ def render(path: Path, out_dir: Path, timeout: int = 600, store: bool = False) -
 
     nb = nbformat.read(path, as_version=4)
     start, error = time.time(), None
+    # The solutions pass every exercise: their verdicts go to a scratch file beside the handouts, never
+    # into the learner's grades (~/.ddp_lab/grades.json, or the file DDP_LAB_GRADES names).
+    scratch = {"DDP_LAB_GRADES": str((out_dir / "grades.json").resolve())}
     try:
-        ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(
-            nb, {"metadata": {"path": str(path.parent)}})
+        with mock.patch.dict(os.environ, scratch):  # the kernel inherits it; restored afterwards
+            ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(
+                nb, {"metadata": {"path": str(path.parent)}})
     except CellExecutionError as e:
         error = str(e).strip().splitlines()[-1][:300]
     seconds = time.time() - start

@@ -6,19 +6,21 @@
 
 An answer that needs ranks runs in one short launch (ddp_lab.engine.launch, 2-3 processes) and is
 compared with a reference the grader computes itself; the others run in the kernel.
-Results are kept in ~/.ddp_lab/grades.json (DDP_LAB_GRADES names another file).
+Results are kept in ~/.ddp_lab/grades.json (DDP_LAB_GRADES names another file), except those of the
+solution notebooks, whose worked answers are not the learner's.
 """
 from __future__ import annotations
 
 import os
 import pickle
 import tempfile
+from pathlib import Path
 
 from ddp_lab.grade import exercises  # noqa: F401  (registers every exercise)
 from ddp_lab.grade.core import REGISTRY, Result, cell_number, is_stub, judge, pack
-from ddp_lab.grade.store import progress, record
+from ddp_lab.grade.store import progress, record, table
 
-__all__ = ["check", "check_many", "check_all", "progress", "REGISTRY", "Result"]
+__all__ = ["check", "check_many", "check_all", "progress", "table", "REGISTRY", "Result"]
 
 
 def check(exercise_id: str, answer) -> Result:
@@ -28,7 +30,8 @@ def check(exercise_id: str, answer) -> Result:
         result = Result(exercise.id, None, title=exercise.title)
     else:
         result = check_many(exercise_id, {"answer": answer})["answer"]
-        record(exercise, result.passed)
+        if not in_solution_notebook():
+            record(exercise, result.passed)
     print(result)
     result.shown_in = cell_number()  # a cell that ends with this call does not show it again
     return result
@@ -51,6 +54,12 @@ def check_all(items: list) -> dict:
             seen.update(_on_ranks(nproc, [(eid, label, pack(a)) for eid, label, a in batch]))
     return {label: Result(ex.id, not (p := judge(ex, seen[label])), p, ex.title)
             for label, ex in exercises.items()}
+
+
+def in_solution_notebook() -> bool:
+    """Whether this kernel runs a solution notebook (Jupyter names a kernel's notebook in
+    JPY_SESSION_NAME): its worked answers are not the learner's, so its verdicts are not kept."""
+    return Path(os.environ.get("JPY_SESSION_NAME", "")).stem.endswith("_solutions")
 
 
 def _exercise(exercise_id: str):

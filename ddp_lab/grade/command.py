@@ -16,11 +16,13 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ddp_lab import grade
+    from ddp_lab.grade import store
     try:
-        table = grade.progress(show=not args.json)
+        if args.json:
+            print(json.dumps(store.table(), indent=1))
+        else:
+            grade.progress()
     except RuntimeError as err:  # an unreadable grades file: say which and what to do, touch nothing
         print(f"ddp-lab grade: {err}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(table, indent=1))
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dis
 import inspect
+import math
 import pickle
 import re
 import sys
@@ -23,6 +24,36 @@ from typing import Callable
 
 REGISTRY: dict[str, "Exercise"] = {}
 RANK_TIMEOUT_S = 10  # a collective no other rank joins fails after this long: a hang is a finding
+
+# Tolerances come from the quantity compared, not from the dtype the answer chose. float32, torch's
+# default, rounds each operation to 2**-24 (6e-8) of the numbers it works on, float64 to 1e-16; a
+# value is held to its size (or to the size of the numbers it was computed from) times:
+FEW_OPS = 1e-6   # a few float32 operations from exact: a ratio of counts, a formula, bytes
+MANY_OPS = 1e-5  # sums and products over float32 tensors: gradients, an optimizer step, a ring's mean
+# Both are far below the smallest difference a typical mistake makes on the grader's tasks (the
+# tests check that every mistake still fails), so float32 and float64 answers pass alike.
+
+
+def close(got, want, rtol: float = FEW_OPS, scale: float | None = None) -> bool:
+    """Whether `got` equals `want` up to rounding: every element within rtol x scale, where scale is
+    the largest |want| unless given (the size of the numbers a difference was computed from)."""
+    import numpy as np
+    try:
+        got, want = np.asarray(got, dtype=float), np.asarray(want, dtype=float)
+    except (TypeError, ValueError):
+        return False
+    if got.shape != want.shape:
+        return False
+    if scale is None:
+        scale = float(np.abs(want).max()) if want.size else 0.0
+    return bool(np.all(np.isfinite(got)) and np.all(np.abs(got - want) <= rtol * scale))
+
+
+def within(rtol: float = FEW_OPS, what: str = "", of: str = "its size") -> str:
+    """The tolerance, said in a finding, so a learner need not wonder whether float32 is to blame."""
+    exponent = round(math.log10(rtol))
+    said = f"1e{exponent}" if math.isclose(rtol, 10.0 ** exponent) else f"{rtol:g}"
+    return f"({what + ': ' if what else ''}compared within {said} of {of}, which float32 and float64 both meet)"
 
 
 @dataclass(frozen=True)

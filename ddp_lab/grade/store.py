@@ -56,20 +56,24 @@ def _turn(target: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def progress(show: bool = True) -> dict:
-    """{notebook: {exercise id: "passed" | "tried" | "not attempted"}}, printed by notebook."""
+def table() -> dict:
+    """{notebook: {exercise id: "passed" | "tried" | "not attempted"}}, from the grades file."""
     from ddp_lab.grade.core import REGISTRY
     grades = load()
-    table: dict = {}
+    found: dict = {}
     for ex in sorted(REGISTRY.values(), key=lambda e: e.id):
         g = grades.get(ex.id)
         state = "not attempted" if g is None else "passed" if g["passed"] else "tried"
-        table.setdefault(ex.notebook, {})[ex.id] = state
-    if show:
-        for nb, states in table.items():
-            done = sum(s == "passed" for s in states.values())
-            marks = "  ".join(f"{i} {'✓' if s == 'passed' else '✗' if s == 'tried' else '·'}"
-                              for i, s in states.items())
-            print(f"{nb:28s} {done}/{len(states)} passed   {marks}")
-        print(f"(✓ passed, ✗ tried, · not attempted; kept in {path()})")
-    return table
+        found.setdefault(ex.notebook, {})[ex.id] = state
+    return found
+
+
+def progress() -> None:
+    """Print, per notebook, which exercises pass. Returns nothing, so a notebook cell ending in
+    grade.progress() shows the table once (table() gives the same as a dict)."""
+    for nb, states in table().items():
+        done = sum(s == "passed" for s in states.values())
+        marks = "  ".join(f"{i} {'✓' if s == 'passed' else '✗' if s == 'tried' else '·'}"
+                          for i, s in states.items())
+        print(f"{nb:28s} {done}/{len(states)} passed   {marks}")
+    print(f"(✓ passed, ✗ tried, · not attempted; kept in {path()})")

@@ -43,6 +43,19 @@ def no_update(model, optimizer, scaler, x, y, max_norm):
     scaler.step(optimizer)
 
 
+def in_float64(model, optimizer, scaler, x, y, max_norm):  # the loss in float64 (autocast leaves float64 alone)
+    with torch.autocast("cpu", dtype=torch.float16):
+        logits = model(x)
+    scaler.scale(F.cross_entropy(logits.double(), y)).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+
+
+PRECISIONS = {"float32": good, "float64": in_float64}
+
+
 MISTAKES = {
     "clips the scaled gradients": (clip_scaled, "scaler.unscale_(optimizer) before clipping"),
     "no clipping": (no_clip, "clip the unscaled gradients"),

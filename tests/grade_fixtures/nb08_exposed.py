@@ -1,4 +1,5 @@
 """08.4: a right exposed-communication time and the wrong ones, each with the hint it must get."""
+import numpy as np
 
 
 def good(backward, buckets):
@@ -26,9 +27,21 @@ def last_bucket(backward, buckets):
     return max(0.0, end - max(start, backward[1]))
 
 
+def in_float32(backward, buckets):  # times as float32, as a profiler's microseconds / 1000 might be
+    return good(np.float32(backward), [np.float32(b) for b in buckets])
+
+
+def total_float32(backward, buckets):
+    return total(np.float32(backward), [np.float32(b) for b in buckets])
+
+
+PRECISIONS = {"float32": in_float32, "float64": good}
+
+
 MISTAKES = {
     "all communication": (total, "the part that runs while backward computes is hidden"),
     "durations only": (minus_backward, "compare when the all-reduces run"),
     "counts the gap": (last_end, "a gap after backward with no all-reduce running"),
     "last bucket only": (last_bucket, "every bucket counts"),
+    "the whole all-reduce time, in float32": (total_float32, "that is the whole all-reduce time"),
 }

@@ -1,4 +1,5 @@
 """08.5: a right exposed-time prediction and the wrong ones, each with the hint it must get."""
+import numpy as np
 
 
 def _ring(size, n, alpha, beta):
@@ -28,6 +29,14 @@ def last_bucket(sizes, n, alpha, beta, t_backward):
 
 def half_ring(sizes, n, alpha, beta, t_backward):
     return good(sizes, n, alpha / 2, beta / 2, t_backward)
+
+
+def in_float32(sizes, n, alpha, beta, t_backward):
+    f = np.float32
+    return good([f(s) for s in sizes], n, f(alpha), f(beta), f(t_backward))
+
+
+PRECISIONS = {"float32": in_float32, "float64": good}
 
 
 MISTAKES = {

@@ -1,4 +1,5 @@
 """09.6: right bytes per device and the wrong ones, each with the hint it must get."""
+import numpy as np
 
 
 def good(params, world, w, g, o, stage):
@@ -21,6 +22,14 @@ def ddp_split(params, world, w, g, o, stage):
 
 def no_gradients(params, world, w, g, o, stage):
     return good(params, world, w, 0, o, stage)
+
+
+def in_float32(params, world, w, g, o, stage):
+    f = np.float32
+    return good(f(params), world, f(w), f(g), f(o), stage)
+
+
+PRECISIONS = {"float32": in_float32, "float64": good}
 
 
 MISTAKES = {

@@ -44,6 +44,17 @@ def forgets_momentum(param, grad, state, lr, momentum):
         dist.broadcast(shard, src=owner)
 
 
+def in_float64(param, grad, state, lr, momentum):  # momentum kept in float64, the shard stays float32
+    world, rank = dist.get_world_size(), dist.get_rank()
+    shards, grads = torch.tensor_split(param, world), torch.tensor_split(grad, world)
+    _update(shards[rank], grads[rank].double(), state, lr, momentum)
+    for owner, shard in enumerate(shards):
+        dist.broadcast(shard, src=owner)
+
+
+PRECISIONS = {"float32": good, "float64": in_float64}
+
+
 MISTAKES = {
     "forgets to broadcast": (no_broadcast, "still holds the old values of shard(s)"),
     "keeps the whole state": (full_state, "keeps only its own shard's"),

@@ -1,4 +1,5 @@
 """10.6: a right batch plan and the wrong ones, each with the hint it must get."""
+import torch
 
 
 def good(global_batch, world_size, max_per_rank):
@@ -21,6 +22,17 @@ def one_sample(global_batch, world_size, max_per_rank):
 
 def ignores_the_limit(global_batch, world_size, max_per_rank):
     return global_batch // world_size, 1
+
+
+def _plan_in(dtype):
+    def plan(global_batch, world_size, max_per_rank):  # true division: 16.0, exact for whole numbers
+        share = torch.tensor(global_batch, dtype=dtype) / world_size
+        steps = next(k for k in range(1, int(share) + 1) if share % k == 0 and share / k <= max_per_rank)
+        return share / steps, torch.tensor(steps, dtype=dtype)
+    return plan
+
+
+PRECISIONS = {"float32": _plan_in(torch.float32), "float64": _plan_in(torch.float64)}
 
 
 MISTAKES = {

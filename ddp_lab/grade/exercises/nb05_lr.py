@@ -6,6 +6,7 @@ is per-rank batch x ranks x micro-steps; SGD scales the learning rate linearly w
 """
 import math
 
+from ddp_lab.grade import core
 from ddp_lab.grade.core import Exercise, register
 
 # (base lr, batch it was tuned for, per-rank batch, ranks, micro-steps K, optimizer)
@@ -32,7 +33,7 @@ def on_rank(answer, rank, world):
 def judge(per_rank):
     from ddp_lab.lessons import accumulation as A
     cases = [(tuple(c), got) for c, got in per_rank[0]["cases"]]
-    close = lambda x, y: abs(x - y) <= 1e-9 * max(1.0, abs(y))  # noqa: E731
+    close = lambda x, y: core.close(x, y, core.FEW_OPS)  # noqa: E731  (a product and a square root)
     culprit = next((w for f, w in WRONG if all(close(got, f(*c)) for c, got in cases)), None)
     problems = []
     for c, got in cases:
@@ -43,7 +44,7 @@ def judge(per_rank):
         why = culprit or next((w for f, w in WRONG if close(got, f(*c))),
                               "lr x growth (SGD) or lr x sqrt(growth) (Adam), growth = effective / base batch")
         problems.append(f"{o}, lr {lr:g} tuned for batch {b}, {p} per rank x {n} ranks x K={k}: you said "
-                        f"{got:.4g}, it is {ref:.4g}: {why}")
+                        f"{got:.4g}, it is {ref:.4g} {core.within()}: {why}")
     return problems[:2]
 
 

@@ -88,7 +88,8 @@ def judge(per_rank):
                             f"torch.get_rng_state() and restore it with torch.set_rng_state()")
         if not o["exact"] and not problems:
             problems.append(f"rank {r}: the resumed run ends {o['max_diff']:.3g} away from the uninterrupted "
-                            f"one; everything that decides the next steps must be in the checkpoint")
+                            f"one (the same operations in the same order give the same bits, so nothing is tolerated): "
+                            f"everything that decides the next steps must be in the checkpoint")
     return problems
 
 

@@ -3,7 +3,7 @@
 The reference is the lesson's own interval arithmetic (ddp_lab.lessons.profiling.subtract and length),
 the code that profiling.budget uses on real traces.
 """
-from ddp_lab.grade.core import Exercise, register
+from ddp_lab.grade.core import FEW_OPS, Exercise, close, register, within
 
 # (backward compute (start, end), [bucket all-reduce (start, end), ...]), in milliseconds
 CASES = [((0.0, 6.0), [(3.0, 8.0)]),
@@ -35,19 +35,25 @@ def on_rank(answer, rank, world):
     return {"cases": [[list(bw), [list(b) for b in bk], float(answer(bw, list(bk)))] for bw, bk in CASES]}
 
 
+def _near(got, want, backward, buckets) -> bool:
+    """Equal up to rounding of the time stamps the answer subtracts (float32: 6e-8 of the largest)."""
+    return close(got, want, FEW_OPS, scale=max(abs(t) for t in (*backward, *(t for b in buckets for t in b))))
+
+
 def judge(per_rank):
     cases = [(tuple(bw), [tuple(b) for b in bk], got) for bw, bk, got in per_rank[0]["cases"]]
     # the wrong rule that gives every one of the answer's values names the mistake
     culprit = next((w for f, w in WRONG
-                    if all(abs(f(bw, bk) - got) < 1e-6 for bw, bk, got in cases)), None)
+                    if all(_near(got, f(bw, bk), bw, bk) for bw, bk, got in cases)), None)
     problems = []
     for bw, bk, got in cases:
         ref = _reference(bw, bk)
-        if abs(got - ref) < 1e-6:
+        if _near(got, ref, bw, bk):
             continue
-        why = culprit or next((w for f, w in WRONG if abs(f(bw, bk) - got) < 1e-6),
+        why = culprit or next((w for f, w in WRONG if _near(got, f(bw, bk), bw, bk)),
                               "exposed = the time some bucket's all-reduce runs while backward does not compute")
-        problems.append(f"backward {bw}, all-reduces {bk}: you said {got:g} ms exposed, it is {ref:g}: {why}")
+        problems.append(f"backward {bw}, all-reduces {bk}: you said {got:g} ms exposed, it is {ref:g} "
+                        f"{within(FEW_OPS, of='the largest time')}: {why}")
     return problems[:2]
 
 

@@ -3,6 +3,7 @@
 The reference is the lesson's calculator, ddp_lab.lessons.beyond.per_device, which tests/test_beyond.py
 checks against the ZeRO paper's own figure (7.5B parameters on 64 GPUs: 120, 31.4, 16.6, 1.9 GB).
 """
+from ddp_lab.grade import core
 from ddp_lab.grade.core import Exercise, register
 
 CASES = [(7.5e9, 64, 2, 2, 12), (7e9, 8, 4, 4, 8), (1.3e9, 4, 4, 4, 4)]  # (params, devices, w, g, o)
@@ -34,7 +35,7 @@ def on_rank(answer, rank, world):
 def judge(per_rank):
     from ddp_lab.lessons import beyond
     rows = [(tuple(c), s, got) for c, s, got in per_rank[0]["cases"]]
-    close = lambda x, y: abs(x - y) <= 1e-6 * abs(y) + 1  # noqa: E731  (bytes)
+    close = lambda x, y: core.close(x, y, core.FEW_OPS)  # noqa: E731  (bytes: a product and a sum)
     culprit = next((w for f, w in WRONG if all(close(got, f(*c, s)) for c, s, got in rows)), None)
     problems = []
     for c, s, got in rows:
@@ -46,8 +47,8 @@ def judge(per_rank):
                               "(w + g) P + o P / N for ZeRO-1, w P + (g + o) P / N for ZeRO-2, "
                               "(w + g + o) P / N for ZeRO-3")
         problems.append(f"{p / 1e9:g}B parameters on {n} devices, {beyond.LABELS[STAGES[s]]} "
-                        f"(w={w}, g={g}, o={o} bytes): you said {got / 1e9:.3g} GB, it is {ref / 1e9:.3g} GB: "
-                        f"{why}")
+                        f"(w={w}, g={g}, o={o} bytes): you said {got / 1e9:.3g} GB, it is {ref / 1e9:.3g} GB "
+                        f"{core.within()}: {why}")
     return problems[:2]
 
 

@@ -5,7 +5,7 @@ all-reduce leaves). The answer updates only this rank's shard, torch.tensor_spli
 world)[rank], keeping momentum for that shard only, and then every rank must hold every
 updated shard. The reference is torch.optim.SGD(momentum=0.9) on the whole tensor, 3 steps.
 """
-from ddp_lab.grade.core import Exercise, register
+from ddp_lab.grade.core import MANY_OPS, Exercise, close, register, within
 
 NUMEL, STEPS, LR, MOMENTUM = 1001, 3, 0.1, 0.9
 
@@ -40,16 +40,17 @@ def judge(per_rank):
         p, ref, start, n = np.array(o["param"]), np.array(o["reference"]), np.array(o["start"]), o["world"]
         shards = [(int(t[0]), int(t[-1]) + 1) for t in torch.tensor_split(torch.arange(NUMEL), n)]
         lo, hi = shards[r]
-        if not np.allclose(p[lo:hi], ref[lo:hi], atol=1e-6):
+        near = lambda a, b: close(a, b, MANY_OPS, scale=np.abs(ref).max())  # noqa: E731  (3 float32 steps)
+        if not near(p[lo:hi], ref[lo:hi]):
             problems.append(f"rank {r}'s own shard (elements {lo}-{hi - 1}) differs from SGD with momentum "
-                            f"(max difference {np.abs(p[lo:hi] - ref[lo:hi]).max():.3g}): buf = momentum * buf "
-                            f"+ grad; param -= lr * buf, with buf kept in `state` between steps")
-        stale = [s for s, (a, b) in enumerate(shards) if s != r and np.allclose(p[a:b], start[a:b])]
+                            f"(max difference {np.abs(p[lo:hi] - ref[lo:hi]).max():.3g} {within(MANY_OPS)}): "
+                            f"buf = momentum * buf + grad; param -= lr * buf, with buf kept in `state` between steps")
+        stale = [s for s, (a, b) in enumerate(shards) if s != r and near(p[a:b], start[a:b])]
         if stale:
             problems.append(f"rank {r} still holds the old values of shard(s) {stale}: after updating its "
                             f"own shard every rank must send it to the others (dist.broadcast from the "
                             f"owner, or dist.all_gather)")
-        elif not np.allclose(p, ref, atol=1e-6) and not problems:
+        elif not near(p, ref) and not problems:
             problems.append(f"rank {r}'s parameters differ from the reference outside its shard: every rank "
                             f"must end with every updated shard, rank s's shard from rank s")
         full = int(np.ceil(NUMEL / n))

@@ -4,7 +4,7 @@ The reference checks the plan itself: per-rank batch x world size x accumulation
 the global batch, the per-rank batch must fit, and no plan with fewer micro-steps may exist
 (found by trying every accumulation count).
 """
-from ddp_lab.grade.core import Exercise, register
+from ddp_lab.grade.core import Exercise, as_given, register
 from ddp_lab.lessons import plural
 
 CASES = [(512, 16, 64), (512, 4, 64), (1024, 8, 32), (768, 6, 40), (96, 3, 20)]  # (global, world, max)
@@ -19,7 +19,7 @@ def on_rank(answer, rank, world):
     out = []
     for g, w, m in CASES:
         per_rank, steps = answer(g, w, m)
-        out.append([g, w, m, int(per_rank), int(steps)])
+        out.append([g, w, m, as_given(per_rank), as_given(steps)])  # 16.0 from float32 is 16
     return {"cases": out}
 
 
@@ -41,6 +41,11 @@ def _finding(g, w, m, per_rank, steps):
 def judge(per_rank):
     problems = []
     for g, w, m, p, k in per_rank[0]["cases"]:
+        if not (float(p).is_integer() and float(k).is_integer()):
+            problems.append(f"global batch {g} on {w} ranks: you said {p:g} per rank and {k:g} steps: samples and "
+                            f"micro-steps are whole numbers; divide with // where the division is exact")
+            continue
+        p, k = int(p), int(k)
         why = _finding(g, w, m, p, k)
         if why:
             problems.append(f"global batch {g} on {w} ranks, at most {m} per rank: you said {p} per rank, "

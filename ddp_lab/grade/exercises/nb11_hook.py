@@ -60,7 +60,8 @@ def judge(per_rank):
                             f"divide by the world size (before or after, as fp16_compress_hook does)")
         elif o["max_err"] > ATOL * max(o["scale"], 1e-6):
             problems.append(f"rank {rank}: the gradients differ from the mean of both ranks' by up to "
-                            f"{o['max_err']:.3g}: average the whole bucket, then decompress it back into it")
+                            f"{o['max_err']:.3g}, more than bf16's rounding ({ATOL:.0%} of the largest): average "
+                            f"the whole bucket, then decompress it back into it")
     return problems[:1]
 
 
