@@ -441,6 +441,7 @@ def main(argv=None) -> int:
         return 0
     out, doc, end = Path(a.out), Path(a.doc), time.time() + a.budget
     out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PET_LOG_DIR", str(out / "torchelastic"))  # torchrun's logs with the others, not in /tmp
     m, started = machine(), datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     nproc = 2 if m["gpus"] >= 2 else 1
     print(f"gpu-check: {m['gpus']} × {m['name']}, torch {m['torch']}, {nproc} rank(s), budget {a.budget:.0f} s", flush=True)

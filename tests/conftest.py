@@ -22,6 +22,12 @@ def pytest_configure(config):
     folder = tempfile.mkdtemp(prefix="ddp_lab_test_grades_")
     config._ddp_lab_grades = (folder, os.environ.get(GRADES_ENV))
     os.environ[GRADES_ENV] = os.path.join(folder, "grades.json")
+    # torchrun started directly (not through ddp_lab.launch, which gives each launch its own folder)
+    # keeps its per-rank logs in a torchelastic_* folder of the temp dir that it never removes: the
+    # session's torchruns keep theirs here instead, removed with the folder. A test may unset it.
+    config._ddp_lab_pet_log_dir = os.environ.get("PET_LOG_DIR")
+    if config._ddp_lab_pet_log_dir is None:
+        os.environ["PET_LOG_DIR"] = os.path.join(folder, "torchelastic")
 
 
 def pytest_unconfigure(config):
@@ -30,6 +36,8 @@ def pytest_unconfigure(config):
     if folder is None:
         return
     shutil.rmtree(folder, ignore_errors=True)
+    if getattr(config, "_ddp_lab_pet_log_dir", None) is None:
+        os.environ.pop("PET_LOG_DIR", None)
     if before is None:
         os.environ.pop(GRADES_ENV, None)
     else:

@@ -121,7 +121,9 @@ def first(pattern: str, where: str) -> tuple[int, int, str] | None:
 
 def test_the_term_list_names_the_terms_it_must():
     names = " ".join(TERMS).lower()
-    for term in ("busbw", "comm hook", "bucket", "no_sync", "flight recorder"):
+    for term in ("busbw", "comm hook", "bucket", "no_sync", "flight recorder", "collective", "barrier", "store",
+                 "rendezvous", "engineering article", "survey article", "probe", "group_rank", "local_world_size",
+                 "--standalone", "join"):
         assert term in names, f"docs/terms.json has no entry for {term!r}"
     for term, spec in TERMS.items():
         assert set(spec) == {"definition", "use"}, f"docs/terms.json: {term!r} needs 'definition' and 'use'"
