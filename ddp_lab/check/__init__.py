@@ -10,7 +10,8 @@ stable id, a line, one sentence, the fix, and the notebook section that shows th
       fix: run forward and backward inside `with model.no_sync():` ...
       see: notebooks/05_gradient_accumulation.ipynb, section "4. The articles' ..."
 
-Exit code 0: nothing found; 1: findings; 2: a path could not be read or parsed, or no file was checked.
+Exit code 0: nothing found; 1: findings; 2: a path could not be read, parsed or analysed (one error
+line each; the other files' findings are still printed), or no file was checked.
 Silence one finding with a comment on its line: `# ddp-lab: ignore[DDP010]`.
 
 From a notebook cell:
@@ -29,7 +30,8 @@ import json
 from . import rules_accum, rules_amp, rules_ckpt, rules_more, rules_seed, rules_setup, rules_train, shell  # noqa: F401
 from . import rules_local  # noqa: F401  (DDP021-DDP023)
 from .core import RULES, SECTIONS, Finding, Rule
-from .files import PYTHON_SUFFIXES, Unreadable, check_file, ipynb, iter_files, python, read_python, shell_script
+from .files import (PYTHON_SUFFIXES, TOO_DEEP, Unreadable, check_file, ipynb, iter_files, python, read_python,
+                    shell_script)
 from .imports import Project
 
 __all__ = ["RULES", "SECTIONS", "Finding", "Rule", "Unreadable", "source", "check_file", "check_paths"]
@@ -49,7 +51,8 @@ def source(code: str, kind: str = "python", select=None, ignore=()) -> list[Find
 
 def check_paths(paths, select=None, ignore=()) -> tuple[list[Finding], list[tuple[str, str]], int]:
     """(findings, [(path, why it could not be checked)], number of files checked). Several Python
-    files checked together are one project: calls into each other's functions are followed."""
+    files checked together are one project: calls into each other's functions are followed. A file
+    that cannot be read, parsed or analysed is one error; the other files are still checked."""
     findings, errors, checked = [], [], 0
     files = list(iter_files(paths))
     py = [p for p in files if p.suffix.lower() in PYTHON_SUFFIXES and p.is_file()]
@@ -62,4 +65,8 @@ def check_paths(paths, select=None, ignore=()) -> tuple[list[Finding], list[tupl
             checked += 1
         except Unreadable as e:
             errors.append((str(path), str(e)))
+        except RecursionError:
+            errors.append((str(path), TOO_DEEP.format(what="the checker")))
+        except Exception as e:  # noqa: BLE001  (one file the checker fails on must not lose the others' findings)
+            errors.append((str(path), f"could not be analysed ({type(e).__name__}: {e}); please report it"))
     return findings, errors, checked

@@ -18,7 +18,11 @@ SKIP_DIRS = {".git", ".venv", "venv", "env", "__pycache__", "node_modules", "bui
 
 
 class Unreadable(Exception):
-    """A file that cannot be read or parsed (exit code 2)."""
+    """A file that cannot be read, parsed or analysed (exit code 2)."""
+
+
+TOO_DEEP = ("nested too deeply to analyse ({what} ran out of recursion depth): split the expression into "
+            "several statements, or leave this file out of the paths checked")
 
 
 def _finding(rule: Rule, hit: Hit, path: str, module: Module | None = None) -> Finding:
@@ -40,6 +44,8 @@ def parse(text: str) -> ast.Module:
         return ast.parse(text)
     except (SyntaxError, ValueError) as e:
         raise Unreadable(f"cannot parse as Python: {getattr(e, 'msg', e)} (line {getattr(e, 'lineno', '?')})") from None
+    except (RecursionError, MemoryError):
+        raise Unreadable(TOO_DEEP.format(what="Python's parser")) from None
 
 
 def python(text: str, path: str = "<source>", select=None, ignore=(), multiprocess: bool = True,
@@ -57,6 +63,8 @@ def python(text: str, path: str = "<source>", select=None, ignore=(), multiproce
 def _hits(rule: Rule, facts) -> list[Hit]:
     try:
         return list(rule.func(facts))
+    except RecursionError:
+        raise Unreadable(TOO_DEEP.format(what=rule.id)) from None
     except Exception as e:  # a bug in a rule must not hide the other rules' findings silently
         raise Unreadable(f"{rule.id} failed on this file ({type(e).__name__}: {e}); please report it") from e
 

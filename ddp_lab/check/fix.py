@@ -111,7 +111,7 @@ def _set_epoch(text: Text, m: Module, finding) -> list[Edit]:
     if isinstance(loop, ast.For) and not names and isinstance(loop.target, ast.Name):
         names = [loop.target.id]
     samplers = {key(t) for n in m.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-                and last(n.value) == "DistributedSampler" and len(n.targets) == 1
+                and m.is_sampler(n.value) and len(n.targets) == 1
                 and _visible(m, n, loop) for t in n.targets}
     if len(set(names)) != 1 or len(samplers) != 1 or None in samplers:
         return []

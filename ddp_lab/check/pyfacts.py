@@ -13,15 +13,12 @@ import re
 from .astutil import dotted, is_ddp_call, key, last, pairs
 from .flow import Flow
 from .ranks import RankFacts
+from .structure import COLLECTIVES, imports, sampler_classes  # noqa: F401  (rules import COLLECTIVES here)
 
 # A file that talks about DDP at all. Rules whose pattern is also fine in single-process code
 # (gradient accumulation, torch.save on "every rank") only run in such files.
 DDP_TEXT = re.compile(r"\bDDP\b|DistributedDataParallel|torch\.distributed|init_process_group|no_sync"
                       r"|DistributedSampler|LOCAL_RANK|torchrun|FullyShardedDataParallel|\bFSDP\b")
-COLLECTIVES = {"all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter",
-               "all_to_all", "barrier", "monitored_barrier", "all_gather_object", "broadcast_object_list",
-               "gather_object", "scatter_object_list", "all_gather_into_tensor", "reduce_scatter_tensor",
-               "all_to_all_single", "all_reduce_coalesced"}
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Module)
 DISTRIBUTED_CALLS = {"init_process_group", "DDP", "DistributedDataParallel", "FullyShardedDataParallel", "FSDP",
                      "fully_shard", "DistributedSampler", "spawn"}
@@ -48,6 +45,8 @@ class Module(RankFacts):
         # It starts or joins a process group, wraps a model, or reads who it is: a program run N times.
         self.runs_distributed = any(last(c) in DISTRIBUTED_CALLS for c in self.calls) or any(
             isinstance(n, ast.Constant) and n.value in ("RANK", "LOCAL_RANK", "WORLD_SIZE") for n in self.nodes)
+        self.imported = imports(self.nodes)   # local name -> full dotted name (structure.py)
+        self.samplers = sampler_classes(self.nodes, self.imported)   # DistributedSampler and its subclasses here
         self.aliases = self._aliases()
         self._flow = None
 
@@ -68,6 +67,10 @@ class Module(RankFacts):
         if owner is self:
             return f"line {node.lineno}"
         return f"{os.path.relpath(owner.path, os.path.dirname(self.path))} line {node.lineno}"
+
+    def is_sampler(self, call) -> bool:
+        """call builds a DistributedSampler (or a class of this file derived from it)."""
+        return isinstance(call, ast.Call) and last(call) in self.samplers
 
     # ------------------------------------------------------------ structure
     def ancestors(self, node):

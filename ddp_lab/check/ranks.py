@@ -42,19 +42,30 @@ class RankFacts:
     and function()."""
 
     def _aliases(self) -> dict:
-        """Names bound to a rank (`gpu_id = int(os.environ["LOCAL_RANK"])`) or a rank-0 test
-        (`master = rank == 0`), across the module; a name bound to both kinds is dropped."""
-        found: dict = {}
+        """Names bound to a rank (`gpu_id = int(os.environ["LOCAL_RANK"])`, `r = dist.get_rank()`, the
+        name handed to `init_process_group(rank=...)`) or a rank-0 test (`master = r == 0`), across the
+        module, followed through each other; a name bound to both kinds is dropped."""
         self.aliases = {}
-        for node in self.nodes:
-            if isinstance(node, ast.Assign):
-                for t in node.targets:
-                    for k, v in pairs(t, node.value):
-                        kind = self.identity(v) if v is not None else None
-                        test = self.rank0_test(v) if v is not None and kind is None else None
-                        if k and (kind or test):
-                            found.setdefault(k, set()).add((kind, False) if kind else (test[0], True))
-        return {k: next(iter(v)) for k, v in found.items() if len(v) == 1}
+        for _ in range(3):   # `r = dist.get_rank()` makes `lead = r == 0` a flag on the next pass
+            found: dict = {}
+            for node in self.nodes:
+                if isinstance(node, ast.Assign):
+                    for t in node.targets:
+                        for k, v in pairs(t, node.value):
+                            kind = self.identity(v) if v is not None else None
+                            test = self.rank0_test(v) if v is not None and kind is None else None
+                            if k and (kind or test):
+                                found.setdefault(k, set()).add((kind, False) if kind else (test[0], True))
+                elif isinstance(node, ast.Call) and last(node) == "init_process_group":
+                    given = next((kw.value for kw in node.keywords if kw.arg == "rank"),
+                                 node.args[4] if len(node.args) > 4 else None)
+                    if key(given) and not name_kind(key(given).split(".")[-1]):
+                        found.setdefault(key(given), set()).add(("global", False))
+            aliases = {k: next(iter(v)) for k, v in found.items() if len(v) == 1}
+            if aliases == self.aliases:
+                break
+            self.aliases = aliases
+        return self.aliases
 
     def identity(self, node) -> str | None:
         """"local"/"global" when node itself is a process id: a rank name, get_rank(), RANK/LOCAL_RANK."""
@@ -72,6 +83,9 @@ class RankFacts:
                 return self.identity(node.args[0])
             if name in ("get", "getenv") and node.args:
                 return _env_kind(node.args[0])
+        if isinstance(node, ast.IfExp):   # `dist.get_rank() if dist.is_initialized() else 0`
+            kinds = [self.identity(side) for side in (node.body, node.orelse) if not _is_zero(side)]
+            return kinds[0] if len(kinds) == 1 or (kinds and kinds[0] == kinds[-1]) else None
         if isinstance(node, ast.Subscript) and dotted(node.value) == "os.environ":
             return _env_kind(node.slice)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and _node_offset(node):

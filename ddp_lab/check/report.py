@@ -9,7 +9,8 @@ import textwrap
 from . import RULES, check_paths, fix, sarif
 
 DESCRIPTION = "Find the classic DDP bugs in training scripts, launch scripts and notebooks (static: nothing runs)."
-EPILOG = """exit status: 0 nothing found, 1 findings, 2 a path could not be read or parsed, or no file was checked.
+EPILOG = """exit status: 0 nothing found, 1 findings, 2 a path could not be read, parsed or analysed (the other
+files' findings are still printed), or no file was checked. --format json/sarif always print their document.
 --fix prints the safe rewrites as a diff; --fix --write applies them (then 1 only if findings remain).
 silence one finding with a comment on its line:  # ddp-lab: ignore[DDP010]
 every rule, with an example: ddp-lab check --list-rules, or docs/check.md"""
@@ -62,25 +63,24 @@ def run(args: argparse.Namespace, out=None, err=None) -> int:
         print(e, file=err)
         return 2
     findings, errors, checked = check_paths(args.paths, select or None, ignore)
-    if not checked:
-        for path, message in errors:
-            print(f"{path}: error: {message}", file=err)
-        print(f"ddp-lab check: {_nothing_checked(args.paths, errors)}", file=err)
-        return 2
-    if args.fix:
+    if args.fix and checked:
         return _fix(findings, errors, args, out, err)
+    nothing = None if checked else _nothing_checked(args.paths, errors)
+    # JSON and SARIF are always printed (CI reads them), with every file that could not be checked
+    listed = [(", ".join(map(str, args.paths)), nothing)] if nothing and not errors else errors
     if args.format == "sarif":
         from .. import __version__
-        json.dump(sarif.document(findings, errors, __version__), out, indent=2, ensure_ascii=False)
+        json.dump(sarif.document(findings, listed, __version__), out, indent=2, ensure_ascii=False)
         print(file=out)
-        for path, message in errors:
-            print(f"{path}: error: {message}", file=err)
     elif args.format == "json":
-        json.dump({"findings": [f.to_dict() for f in findings], "errors": [{"path": p, "message": m} for p, m in errors],
+        json.dump({"findings": [f.to_dict() for f in findings], "errors": [{"path": p, "message": m} for p, m in listed],
                    "files_checked": checked}, out, indent=2, ensure_ascii=False)
         print(file=out)
-    else:
-        _text(findings, errors, args.concise, out, err)
+    _text(findings if args.format == "text" else [], errors, args.concise, out, err)
+    if nothing:
+        print(f"ddp-lab check: {nothing}", file=err)
+        return 2
+    if args.format == "text":
         files = len({f.path for f in findings})
         summary = (f"{len(findings)} finding{'s' * (len(findings) != 1)} in {files} file{'s' * (files != 1)}"
                    if findings else "no DDP problems found")

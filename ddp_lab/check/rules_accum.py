@@ -71,7 +71,8 @@ def accumulation_without_no_sync(m: Module):
         backwards = _steps_every_k(m, node, opts) if isinstance(node, ast.If) else \
             _window_loop(m, node, opts) if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) else \
             _window_argument(m, node, opts) if isinstance(node, ast.Call) else []
-        backwards = [(b, via) for b, via in backwards if m.owner(b) is m or not _helper_syncs(m.owner(b))]
+        backwards = [(b, via) for b, via in backwards if (m.owner(b) is m or not _helper_syncs(m.owner(b)))
+                     and not _under_no_sync(m, b) and not (via is not None and _under_no_sync(m, via))]
         if backwards:
             first, via = min(backwards, key=lambda p: (p[1] or p[0]).lineno * 10000 + (p[1] or p[0]).col_offset)
             if id(via or first) not in seen:
@@ -80,6 +81,55 @@ def accumulation_without_no_sync(m: Module):
                     f"Gradient accumulation without no_sync: {ast.unparse(via.func)}() runs backward() "
                     f"({m.where(first)}) on every micro-step but the optimizer steps every k, and DDP all-reduces "
                     "after each backward, so k-1 of every k all-reduces are wasted."))
+
+
+def _under_no_sync(m: Module, node) -> bool:
+    """node runs inside a `with` whose context manager may be no_sync: `model.no_sync()`, a name bound
+    to it (`ctx = model.no_sync if accumulate else nullcontext`, `with ctx():`), a helper (of this file
+    or one checked with it) that returns or enters it (`with maybe_sync(model, step % k != 0):`), or
+    a helper we cannot read that is handed the DDP model."""
+    func = m.function(node)
+    for a in m.ancestors(node):
+        if a is func:
+            return False
+        if isinstance(a, (ast.With, ast.AsyncWith)) and any(_gives_no_sync(m, i.context_expr, a) for i in a.items):
+            return True
+    return False
+
+
+def _gives_no_sync(m: Module, expr, at, depth: int = 0) -> bool:
+    if _names_no_sync(expr):
+        return True
+    if depth > 2:
+        return False
+    owner = m.owner(at)
+    target = expr.func if isinstance(expr, ast.Call) else expr
+    if isinstance(target, ast.Name):   # ctx(), ctx: what the name was bound to before the with
+        bound = [v for line, v, _ in owner.assignments(owner.scope(at), target.id)
+                 if line <= at.lineno and v is not None]
+        if bound and _gives_no_sync(m, bound[-1], at, depth + 1):
+            return True
+    func = m.flow.flow_of(at).target(expr) if isinstance(expr, ast.Call) else None
+    if isinstance(expr, ast.Call) and func is None and depth == 0 and isinstance(target, (ast.Name, ast.Attribute)):
+        # a helper we cannot read (imported from a file not checked) handed the DDP model: don't know
+        return any(isinstance(a, (ast.Name, ast.Attribute)) and owner.wrapped(a, at)
+                   for a in [*expr.args, *(k.value for k in expr.keywords)])
+    if func is None:
+        return False
+    if _names_no_sync(func):
+        return True   # the helper enters no_sync itself (`stack.enter_context(model.no_sync())`)
+    for n in ast.walk(func):   # what the helper returns, yields or enters: another helper, a name
+        values = [n.value] if isinstance(n, (ast.Return, ast.Yield)) and n.value is not None else \
+            [i.context_expr for i in n.items] if isinstance(n, (ast.With, ast.AsyncWith)) else []
+        if any(_gives_no_sync(m, v, n, depth + 1) for v in values):
+            return True
+    return False
+
+
+def _names_no_sync(node) -> bool:
+    """`model.no_sync` or `getattr(model, "no_sync")` somewhere under node."""
+    return any(n.attr == "no_sync" if isinstance(n, ast.Attribute) else
+               isinstance(n, ast.Constant) and n.value == "no_sync" for n in ast.walk(node))
 
 
 def _modulo(expr) -> bool:

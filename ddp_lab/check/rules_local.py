@@ -145,8 +145,8 @@ VALIDATION = re.compile(r"val|test|eval|dev", re.I)
 def _sync_point(m: Module, loop):
     """The first collective (or backward, whose all-reduce is one) the loop runs, or None."""
     imported = _from_torch_distributed(m)   # dist.all_reduce(t), not tensor.gather(...) or functools.reduce
-    found = m.flow.reaches(loop, lambda n: isinstance(n, ast.Call) and (_is_world_collective(n, imported)
-                                                                         or _is_backward(n)))
+    found = m.flow.reaches(loop, lambda n: isinstance(n, ast.Call) and (
+        _is_world_collective(n, imported, m.imported) or _is_backward(n)))
     return found[0] if found else None
 
 
@@ -179,7 +179,7 @@ def _local_eval(m: Module, call) -> bool:
     func = m.flow.target(call)
     if func is None or m.flow.reaches(func, lambda n: isinstance(n, ast.Call) and last(n) in COLLECTIVES):
         return False
-    return any(last(c) == "DistributedSampler" and c.args and VALIDATION.search(ast.unparse(c.args[0]))
+    return any(m.is_sampler(c) and c.args and VALIDATION.search(ast.unparse(c.args[0]))
                for c in m.calls)
 
 

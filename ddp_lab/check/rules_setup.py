@@ -63,7 +63,7 @@ def local_rank_identity(m: Module):
                 yield Hit(node.test, "LOCAL_RANK used for a rank-0 check before saving or printing: it is 0 "
                                      "once per node, so on two nodes two processes do it.")
     for call in m.calls:
-        if last(call) == "DistributedSampler":
+        if m.is_sampler(call):
             for kw in call.keywords:
                 if kw.arg == "rank" and m.identity(kw.value) == "local":
                     yield Hit(kw.value, "DistributedSampler(rank=<local rank>): every node reads the same "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import re
 
-from . import rules_amp  # noqa: F401  (registers DDP012)
+from . import rules_amp, structure  # noqa: F401  (rules_amp registers DDP012)
 from .astutil import dotted, last
 from .core import Hit, rule
 from .pyfacts import COLLECTIVES, Module
@@ -36,7 +36,7 @@ def _shuffles(call: ast.Call) -> bool:
 def no_set_epoch(m: Module):
     if any(isinstance(n, ast.Attribute) and n.attr == "set_epoch" for n in m.nodes):
         return
-    if not any(last(c) == "DistributedSampler" and _shuffles(c) for c in m.calls):
+    if not any(m.is_sampler(c) and _shuffles(c) for c in m.calls):
         return
     for loop in m.nodes:
         head = ast.unparse(loop.target) + " " + ast.unparse(loop.iter) if isinstance(loop, ast.For) else \
@@ -169,12 +169,12 @@ def collective_on_rank0(m: Module):
     imported: dict = {}
 
     def is_collective(c) -> bool:   # by the imports of the file that holds c (a helper's own file)
-        if not (isinstance(c, ast.Call) and last(c) in COLLECTIVES):
+        if not isinstance(c, ast.Call):
             return False
         owner = m.owner(c)
         if owner not in imported:
             imported[owner] = _from_torch_distributed(owner)
-        return _is_world_collective(c, imported[owner])
+        return _is_world_collective(c, imported[owner], owner.imported)
     unconditional = lambda c: is_collective(c) and not _up_to_caller(m, c)  # noqa: E731  (one object: cached)
     for call in m.calls:
         if is_collective(call):
@@ -226,15 +226,12 @@ def _up_to_caller(m: Module, node) -> bool:
                for branch, _ in m.branches(node) for n in ast.walk(branch.test))
 
 
-def _is_world_collective(call, imported) -> bool:
-    """dist.all_reduce(t) and the like, on the default (whole-world) group."""
-    if not isinstance(call, ast.Call) or last(call) not in COLLECTIVES:
+def _is_world_collective(call, imported: set, table: dict | None = None) -> bool:
+    """A collective (structure.collective: dist.all_reduce(t), dcp.save(...), strategy.barrier()) on the
+    default (whole-world) group. imported: names imported from torch.distributed; table: the file's imports."""
+    if not structure.collective(call, table or {}, imported):
         return False
-    if isinstance(call.func, ast.Attribute) and not re.search(r"dist", dotted(call.func.value) or "", re.I):
-        return False
-    if isinstance(call.func, ast.Name) and call.func.id not in imported:
-        return False
-    return not (any(kw.arg == "group" for kw in call.keywords) or any(
+    return not (any(kw.arg in ("group", "process_group") for kw in call.keywords) or any(
         isinstance(n, (ast.Name, ast.Attribute)) and re.search(r"group|(^|_)pg$", ast.unparse(n), re.I)
         for a in call.args for n in ast.walk(a)))  # a subgroup: its members may be exactly the ranks here
 

@@ -21,6 +21,9 @@ FD_REDIRECTION = re.compile(r"(^|[\s;&|(])\d+(?=[<>])")
 ARRAY_OPEN = re.compile(r"\s*(?:(?:local|declare|typeset)\s+(?:-a\s+)?)?\w+=\(")
 WRAPPERS = {"exec", "nohup", "time", "env", "srun", "command", "uv", "run", "sudo", "numactl", "taskset"}
 NO_VALUE = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m", "--module"}
+# A word that may start Python: its name, or a variable expansion (`"$PY"`, `${PYTHON}`, `$VENV/bin/python`);
+# what follows (`-m torch.distributed.run`) tells whether it launches anything.
+INTERPRETER = re.compile(r"python|\{sys\.executable\}|^\$\{?\w+\}?$")
 TORCHRUN_OPTION = re.compile(r"^--(nproc[-_]per[-_]node|nnodes|node[-_]rank|master[-_](addr|port)|standalone"
                              r"|rdzv[-_](backend|endpoint|id|conf)|max[-_]restarts)(=|$)")
 
@@ -144,8 +147,8 @@ def launcher(cmd: Command) -> tuple[str, int] | None:
             return "torchrun", i + 1
         if tok == "-m" and i + 1 < len(toks) and toks[i + 1] in ("torch.distributed.run", "torch.distributed.launch"):
             return toks[i + 1], i + 2
-        if not (re.match(r"^\w+=", tok) or tok in WRAPPERS or tok.startswith("-")
-                or re.search(r"python|\{sys\.executable\}|\$\{?PYTHON", tok)):
+        if not (re.match(r"^\w+=", tok) or tok in WRAPPERS or tok.startswith("-") or INTERPRETER.search(tok)
+                or i and toks[i - 1] in ("-X", "-W")):   # the value of an interpreter's -X/-W option
             return None
     return None
 
