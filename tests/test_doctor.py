@@ -257,3 +257,13 @@ def test_torch_below_the_workbooks_floor_warns_and_below_the_scripts_fails(monke
     root = Path(__file__).resolve().parents[1]
     assert f'"torch>={floor}"' in (root / "pyproject.toml").read_text()
     assert f"pytorch>={floor}" in (root / "environment.yml").read_text()
+
+
+def test_paths_are_printed_relative_to_the_workbook_or_home_and_kept_whole_in_data(monkeypatch, tmp_path):
+    # a stored notebook output must not show one machine's folders
+    assert checks.shown(checks.WORKBOOK / ".venv" / "bin" / "python") == ".venv/bin/python"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert checks.shown(tmp_path / "envs" / "bin" / "python") == "~/envs/bin/python"
+    assert checks.shown("/opt/conda/bin/python") == "/opt/conda/bin/python"
+    c = checks.python_version(None)
+    assert checks.shown(sys.executable) in c.detail

@@ -46,10 +46,25 @@ class Check:
         return asdict(self)
 
 
+WORKBOOK = Path(__file__).resolve().parents[2]
+
+
+def shown(path) -> str:
+    """A path as the report prints it: inside the workbook relative to it (.venv/bin/python), under the
+    home folder with ~, else whole. The JSON report's data keeps whole paths."""
+    p = Path(path)
+    for base, prefix in ((WORKBOOK, ""), (Path.home(), "~/")):
+        try:
+            return prefix + str(p.relative_to(base))
+        except ValueError:
+            continue
+    return str(p)
+
+
 def python_version(plan) -> Check:
     v = sys.version_info
     ok = v >= (3, 10)
-    return Check("python", "pass" if ok else "fail", f"Python {v.major}.{v.minor}.{v.micro} at {sys.executable}",
+    return Check("python", "pass" if ok else "fail", f"Python {v.major}.{v.minor}.{v.micro} at {shown(sys.executable)}",
                  "" if ok else "install Python 3.10 or newer and recreate the environment")
 
 
@@ -294,10 +309,10 @@ def torchrun_on_path(plan) -> Check:
     runs = first[2:].strip().split()[0] if first.startswith("#!") else exe
     same = _same_python(runs, sys.executable)
     if not same:
-        return Check("torchrun", "warn", f"torchrun on PATH ({exe}) runs {runs}, not this Python ({sys.executable})",
+        return Check("torchrun", "warn", f"torchrun on PATH ({shown(exe)}) runs {shown(runs)}, not this Python ({shown(sys.executable)})",
                      f"activate this environment first, or run {run} instead (the same flags)",
                      {"torchrun": exe, "python": runs, "use": run})
-    return Check("torchrun", "pass", f"{exe} runs this Python", data={"torchrun": exe})
+    return Check("torchrun", "pass", f"{shown(exe)} runs this Python", data={"torchrun": exe})
 
 
 def _same_python(a: str, b: str) -> bool:
