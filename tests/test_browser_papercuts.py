@@ -1,5 +1,5 @@
 """What a learner meets in the browser: calculators that start where the call says, widgets that
-say "run this cell" where no kernel draws them, grade feedback shown once, counted words in the
+say how to use them where no kernel draws them, grade feedback shown once, counted words in the
 right number, figures readable at 100 % zoom, and `make lab`'s settings and PATH."""
 import json
 import math
@@ -18,7 +18,7 @@ from ddp_lab.lessons import beyond, plural  # noqa: E402
 from ddp_lab.lessons.profiling import model as pm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_IT = "run this cell to use the controls"
+RUN_IT = "run the notebook from the top (Run menu: Run All Cells) to use the controls"
 W = pytest.importorskip("ipywidgets")
 
 
@@ -86,7 +86,7 @@ def test_calculators_name_bad_inputs():
         pm.calculator(link="carrier pigeon")
 
 
-def test_calculators_say_run_this_cell_where_no_kernel_draws_them():
+def test_calculators_say_how_to_use_them_where_no_kernel_draws_them():
     for box in (beyond.calculator(params_b=7, world=8), pm.calculator()):
         bundle = box._repr_mimebundle_()
         assert "application/vnd.jupyter.widget-view+json" in bundle

@@ -1,5 +1,10 @@
 """The alpha-beta model: formulas agree with the simulated schedules, and the fit recovers them."""
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,3 +110,55 @@ def test_fit_record_round_trip(tmp_path):
     path.write_text('{"alpha_s": 1}')
     with pytest.raises(ValueError, match="re-run notebook 03"):
         costmodel.load_fit(path)
+
+
+NOTEBOOK_03_SAVES = """
+import json
+from ddp_lab.lessons import costmodel
+record = costmodel.save_fit(costmodel.RECORD, 3e-4, 2e-9, 2, [4096], backend="gloo")  # notebook 03's call
+print(json.dumps({"record": costmodel.RECORD, "read": costmodel.load_fit(costmodel.RECORD)["alpha_s"]}))
+"""
+REPO = Path(costmodel.__file__).resolve().parents[2]
+
+
+def _checkout(tmp_path) -> Path:
+    """A checkout's notebooks/ folder holding the tracked record; returns the record."""
+    stored = tmp_path / "notebooks" / "records" / "03_alpha_beta.json"
+    stored.parent.mkdir(parents=True)
+    stored.write_text('{"alpha_s": 0.000128, "beta_s_per_byte": 2.97e-10, "date_utc": "stored"}\n')
+    return stored
+
+
+def _run_notebook_03_save(notebooks: Path, env_extra) -> dict:
+    """Notebook 03's save in a fresh kernel's place: its own process, cwd notebooks/."""
+    env = {k: v for k, v in os.environ.items() if k != costmodel.STORE_ENV}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-c", NOTEBOOK_03_SAVES], cwd=notebooks,
+                          env={**env, **env_extra}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_learners_run_of_notebook_03_leaves_the_tracked_record_unchanged(tmp_path):
+    stored = _checkout(tmp_path)
+    before = stored.read_bytes()
+    out = _run_notebook_03_save(stored.parents[1], {})
+    assert stored.read_bytes() == before
+    assert out == {"record": "../runs/03_alpha_beta.json", "read": 3e-4}  # and notebook 09 reads it
+    assert json.loads((tmp_path / "runs" / "03_alpha_beta.json").read_text())["alpha_s"] == 3e-4
+    assert "runs/" in (REPO / ".gitignore").read_text().split()  # which git ignores
+
+
+def test_the_workbooks_stored_run_writes_the_tracked_record(tmp_path):
+    stored = _checkout(tmp_path)
+    out = _run_notebook_03_save(stored.parents[1], {costmodel.STORE_ENV: "1"})
+    assert out == {"record": "records/03_alpha_beta.json", "read": 3e-4}
+    assert json.loads(stored.read_text())["alpha_s"] == 3e-4
+    assert not (tmp_path / "runs").exists()
+
+
+def test_notebook_09_reads_the_stored_fit_until_a_learner_has_one(tmp_path, monkeypatch):
+    stored = _checkout(tmp_path)
+    monkeypatch.chdir(stored.parents[1])
+    assert costmodel.load_fit(costmodel.LEARNER)["date_utc"] == "stored"  # no run of 03 here yet
+    assert costmodel.load_fit("records/missing.json") is None  # only the learner's path falls back

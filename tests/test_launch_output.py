@@ -103,3 +103,35 @@ def test_an_interrupted_launch_renders_as_one_line_in_a_notebook():
     err = launch.LaunchInterrupted("the launch was stopped")
     assert isinstance(err, KeyboardInterrupt)  # the cell, and Run All, still stop
     assert err._render_traceback_() == ["LaunchInterrupted: the launch was stopped"]
+
+
+def test_a_stop_after_the_job_finished_says_so_and_keeps_the_result(monkeypatch):
+    # The stop button pressed while the launcher tidies up after the last rank exited: the job's
+    # output is complete (every pipe closed), so the first output.close() is where the stop lands.
+    close = launch._Output.close
+    stops = []
+
+    def stopped_once(self):
+        if not stops:
+            stops.append(True)
+            raise KeyboardInterrupt
+        return close(self)
+
+    monkeypatch.setattr(launch._Output, "close", stopped_once)
+    with pytest.raises(launch.LaunchInterrupted) as info:
+        launch.torchrun(PROGRAMS / "env_report.py", nproc=2, stream=False, timeout=120)
+    message = str(info.value)
+    assert "had already finished (exit status 0)" in message and "result stands" in message
+    assert "was stopped, and every process" not in message
+    assert len(info.value.run.select(kind="env")) == 2  # both ranks' records, read before the tidy-up
+
+
+def test_a_stop_during_the_job_says_it_was_stopped(monkeypatch):
+    def stop(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch.queue.Queue, "get", stop)  # the stop lands while the launcher waits on output
+    with pytest.raises(launch.LaunchInterrupted) as info:
+        launch.torchrun(PROGRAMS / "env_report.py", nproc=2, stream=False, timeout=120)
+    assert str(info.value) == "the launch was stopped, and every process it started with it"
+    assert info.value.run is None

@@ -42,3 +42,14 @@ def test_every_dependency_says_why_it_is_there():
     text = (ROOT / "pyproject.toml").read_text()
     deps = re.findall(r'^\s*"([a-z][\w-]*)[^"]*",(.*)$', text, re.M)
     assert deps and all(comment.strip().startswith("#") for _, comment in deps), deps
+
+
+def test_the_license_is_an_spdx_expression_the_build_backend_reads():
+    # `license = { text = "MIT" }` makes setuptools print a deprecation box twice on every install;
+    # the SPDX string (PEP 639) needs setuptools 77 or newer.
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["license"] == "MIT"
+    assert not any(c.startswith("License ::") for c in meta["project"].get("classifiers", []))  # PEP 639 forbids both
+    setuptools = next(s for s in meta["build-system"]["requires"] if _name(s) == "setuptools")
+    least = re.search(r">=\s*(\d+)", setuptools)
+    assert least and int(least.group(1)) >= 77, setuptools

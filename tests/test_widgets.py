@@ -83,6 +83,30 @@ def test_end_goes_to_the_last_step_of_the_current_n():
     assert step.value == 4
 
 
+def test_a_new_number_of_steps_draws_the_step_slider_anew():
+    # The browser's slider answers its End key with the range it was drawn with, whatever max is
+    # set later: when the number of steps changes, the slider leaves its row and comes back (a new
+    # view in the browser) with the new range already set.
+    pytest.importorskip("ipywidgets")
+    box = widgets.ring_stepper(n=4)
+    algo, ranks, step, end = _controls(box)
+    row = box.children[1]
+    seen = []
+    row.observe(lambda change: seen.append((step in change["new"], step.max)), "children")
+    step.value = 5
+    ranks.value = 8
+    assert seen == [(False, 14), (True, 14)]
+    seen.clear()
+    ranks.value = 8  # no change of N: the slider stays
+    step.value = 2
+    assert seen == []
+    algo.value = "ring_unchunked"  # N=8 unchunked: 7 steps
+    ranks.value = 5               # N=5 unchunked: 4 steps
+    assert seen == [(False, 7), (True, 7), (False, 4), (True, 4)]
+    end.click()
+    assert step.value == 4 and box.drawn()[0].startswith("step 4/4")
+
+
 def test_quick_changes_end_on_the_picture_of_the_last_one():
     pytest.importorskip("ipywidgets")
     box = widgets.ring_stepper(n=4)
@@ -97,14 +121,16 @@ def test_quick_changes_end_on_the_picture_of_the_last_one():
     assert caption.startswith("ring_unchunked, N=5:") and title.startswith(f"step {min(3, last)}/{last}")
 
 
-def test_stepper_says_run_this_cell_where_no_kernel_draws_it():
+def test_stepper_says_how_to_use_it_where_no_kernel_draws_it():
     pytest.importorskip("ipywidgets")
     box = widgets.ring_stepper(n=4)
     bundle = box._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle  # a lab with a kernel draws it
-    for mime in ("text/plain", "text/html"):
-        assert "run this cell to use the controls" in bundle[mime], bundle
-    assert repr(box) == bundle["text/plain"]
+    # "run this cell" alone fails in a fresh kernel (NameError: the imports are cells above it)
+    line = ("Ring-AllReduce stepper: run the notebook from the top (Run menu: Run All Cells) to use the controls. "
+            "The strip below has every step.")
+    assert bundle["text/plain"] == line == repr(box)
+    assert bundle["text/html"] == f"<p>{line}</p>"
 
 
 def test_stepper_starts_at_the_calls_values_and_names_bad_ones():
@@ -117,3 +143,31 @@ def test_stepper_starts_at_the_calls_values_and_names_bad_ones():
         widgets.ring_stepper(n=1)
     with pytest.raises(ValueError, match="ring, ring_unchunked, naive"):
         widgets.ring_stepper(algorithm="tree")
+
+
+def test_the_stepper_draws_only_inside_its_widget(capfd, monkeypatch):
+    # A picture or a warning sent from a control's callback outside the widget's own state lands
+    # in JupyterLab's Log Console ("2 new messages"): each move changes the widget's outputs only.
+    pytest.importorskip("ipywidgets")
+    import warnings
+
+    import IPython.display
+    shown = []
+    monkeypatch.setattr(IPython.display, "publish_display_data", lambda *a, **k: shown.append(a))
+    # a pyplot figure is shown by the notebook's inline backend too, even when closed at once
+    figure = plt.figure
+    monkeypatch.setattr(plt, "figure", lambda *a, **k: shown.append("pyplot figure") or figure(*a, **k))
+    box = widgets.ring_stepper(n=4)
+    algo, ranks, step, end = _controls(box)
+    out = box.children[2]
+    pictures = [out.outputs[0]["data"]["image/png"]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning would be printed to the Log Console
+        for move in (lambda: ranks.set_trait("value", 8), end.click, lambda: algo.set_trait("value", "naive"),
+                     lambda: ranks.set_trait("value", 2), lambda: step.set_trait("value", 0)):
+            move()
+            assert len(out.outputs) == 1 and out.outputs[0]["output_type"] == "display_data"
+            pictures.append(out.outputs[0]["data"]["image/png"])
+    assert len(set(pictures)) == len(pictures), "a move left the old picture"
+    assert out.outputs[0]["data"]["text/plain"] == "<step 0/2: inputs>" == f"<{box.drawn()[0]}>"
+    assert not shown and capfd.readouterr() == ("", ""), "the stepper sent output outside its widget"

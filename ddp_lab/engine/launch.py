@@ -83,6 +83,10 @@ class LaunchInterrupted(KeyboardInterrupt):
     stops), but a notebook shows it as one line instead of a traceback through the launcher's
     queue and threading internals, which looks like a crash."""
 
+    def __init__(self, message: str = "", run: "Run | None" = None):
+        super().__init__(message)
+        self.run = run  # the finished job's Run when the stop came after it had ended, else None
+
     def _render_traceback_(self):  # IPython renders this instead of the traceback
         return [f"LaunchInterrupted: {self}"]
 
@@ -289,6 +293,19 @@ class _Output:
         self.pending.extend(self.tail)
         self.tail.clear()
         self.flush(force=True)
+
+
+def _all_ended(procs, ended, grace: float = 2.0) -> bool:
+    """Every process closed its output and exited (waiting up to `grace` s for the exits)."""
+    if not procs or len(ended) < 2 * len(procs):
+        return False
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.01, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return False
+    return True
 
 
 def _kill_all(procs, grace: float = 5.0) -> None:
@@ -523,11 +540,18 @@ def torchrun(program, nproc: int = 2, args=(), nnodes: int = 1, max_restarts: in
         for p in procs:
             p.wait()
     except KeyboardInterrupt:
+        finished = _all_ended(procs, ended)  # asked before the kill: had the job already ended?
         _kill_all(procs)
-        shutil.rmtree(records_dir, ignore_errors=True)
         if autopsy is not None:
             autopsy.discard()
         output.close()
+        if finished:  # the stop came too late to stop anything: keep what the job produced
+            run = _finish(procs, start, output, records_dir, cmds, ended)
+            raise LaunchInterrupted(
+                f"the job had already finished (exit status {run.returncode}) when the stop came: nothing "
+                f"was stopped, and its result stands (LaunchInterrupted.run; run the cell again for a fresh "
+                f"launch)", run) from None
+        shutil.rmtree(records_dir, ignore_errors=True)
         raise LaunchInterrupted("the launch was stopped, and every process it started with it") from None
     except BaseException:  # a timeout (its records already read), or the launch could not start
         _kill_all(procs)

@@ -25,6 +25,7 @@ ring's 2(N-1)/N factor, so it estimates the link speed and compares across N.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -124,7 +125,14 @@ def crossover_bytes(n, alpha, beta, a="tree", b="ring"):
 
 # --- the fitted alpha and beta, handed from notebook 03 to notebook 09 ----------------------------
 
-RECORD = "records/03_alpha_beta.json"   # relative to notebooks/, where both notebooks run
+# Paths relative to notebooks/, where both notebooks run. The tracked record is the fit of the
+# workbook's stored run (python -m ddp_lab.engine.workbook --store, with STORE_ENV set); a learner's
+# run writes its own fit under runs/, which git ignores, so running notebook 03 leaves the checkout
+# clean. Notebook 09 reads the learner's fit where there is one, else the stored one.
+STORED = "records/03_alpha_beta.json"
+LEARNER = "../runs/03_alpha_beta.json"
+STORE_ENV = "DDP_LAB_STORE_RECORDS"
+RECORD = STORED if os.environ.get(STORE_ENV) == "1" else LEARNER
 
 
 def save_fit(path, alpha: float, beta: float, n: int, sizes, backend: str) -> dict:
@@ -149,12 +157,18 @@ def save_fit(path, alpha: float, beta: float, n: int, sizes, backend: str) -> di
 
 
 def load_fit(path) -> dict | None:
-    """The record save_fit() wrote, or None if there is none (run notebook 03 to make it)."""
+    """The record save_fit() wrote, or None if there is none (run notebook 03 to make it). A
+    learner's record that is not there yet falls back to the stored one."""
     import json
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except FileNotFoundError:
+    for candidate in (path, STORED) if path == LEARNER else (path,):
+        try:
+            with open(candidate) as f:
+                record = json.load(f)
+            path = candidate
+            break
+        except FileNotFoundError:
+            continue
+    else:
         return None
     missing = {"alpha_s", "beta_s_per_byte"} - set(record)
     if missing:

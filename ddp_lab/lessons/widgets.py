@@ -16,6 +16,7 @@ import math
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from ddp_lab.lessons import ring
@@ -98,7 +99,10 @@ def sent_so_far(sim: ring.Simulation, step: int) -> str:
 
 
 def ring_figure(sim: ring.Simulation, step: int, size: float = 4.6):
-    fig, ax = plt.subplots(figsize=(size, size))
+    """The picture of one step, as a Figure of its own, outside pyplot: a pyplot figure made in a
+    control's callback is shown by the notebook's inline backend as well, in JupyterLab's Log Console."""
+    fig = Figure(figsize=(size, size))
+    ax = fig.add_subplot()
     draw_step(ax, sim, step)
     ax.text(0, -1.4, f"{sim.algorithm}, N={sim.n}: {sent_so_far(sim, step)}\n"
             f"arrows: black adds into the chunk, grey copies it", ha="center", va="top", fontsize=8)
@@ -123,7 +127,9 @@ def ring_strip(n: int = 4, algorithm: str = "ring", sim: ring.Simulation | None 
     return fig
 
 
-RUN_IT = "run this cell to use the controls"
+# Where no kernel draws a widget (a stored notebook, GitHub): what to do. Not "run this cell": in a
+# fresh kernel the cell needs the notebook's imports above it first.
+RUN_IT = "run the notebook from the top (Run menu: Run All Cells) to use the controls"
 
 
 def grid_min(value: float, lo: float, step: float) -> float:
@@ -135,7 +141,7 @@ def grid_min(value: float, lo: float, step: float) -> float:
 
 
 def runnable(W, children, name: str, hint: str = ""):
-    """A VBox of `children` that says, where no kernel draws it, what it is and to run its cell.
+    """A VBox of `children` that says, where no kernel draws it, what it is and how to use it.
 
     Its output carries the widget view and, beside it, this line as text/plain and text/html: a lab
     with a kernel draws the controls; a stored notebook (ddp_lab.engine.workbook keeps the line and
@@ -153,13 +159,24 @@ def runnable(W, children, name: str, hint: str = ""):
     return Runnable(children)
 
 
+def picture(fig) -> dict:
+    """A figure as one output of an Output widget, for its `outputs`: the picture travels in the
+    widget's own state, and no display message leaves a control's callback."""
+    from IPython.core.pylabtools import print_figure
+
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"image/png": print_figure(fig, "png", base64=True),
+                     "text/plain": f"<{fig.axes[0].get_title()}>"}}
+
+
 def ring_stepper(n: int = 4, algorithm: str = "ring"):
     """Slider (and play button) over the steps; choose N and the algorithm. Needs ipywidgets.
 
     Every change draws the picture again from the controls' current values, so a quick series of
-    changes ends on the picture of the last one; End goes to the last step of what is shown."""
+    changes ends on the picture of the last one; End goes to the last step of what is shown.
+    When the number of steps changes, the step slider is drawn anew: the browser's slider keeps the
+    range it was drawn with for its Home and End keys, and End would stop at the old last step."""
     import ipywidgets as W
-    from IPython.display import display
 
     algorithms = ["ring", "ring_unchunked", "naive"]
     if algorithm not in algorithms or n < 2:
@@ -171,6 +188,7 @@ def ring_stepper(n: int = 4, algorithm: str = "ring"):
     play = W.Play(value=0, min=0, max=1, interval=900, description="play")
     start, end = W.Button(description="Start"), W.Button(description="End")
     W.jslink((play, "value"), (step, "value"))
+    row = W.HBox([play, step, start, end])
     out = W.Output(layout=W.Layout(min_height="480px"))
     state = {"key": None, "sim": None, "drawn": None, "busy": False}
 
@@ -182,15 +200,20 @@ def ring_stepper(n: int = 4, algorithm: str = "ring"):
 
     def rebuild(_=None):
         last = max(len(current().steps), 1)
-        state["busy"] = True  # the moves below would each draw a stale picture
-        try:
-            if last > step.max:
-                step.max = play.max = last
-            else:
-                step.value, play.value = min(step.value, last), min(play.value, last)
-                step.max = play.max = last
-        finally:
-            state["busy"] = False
+        if last != step.max:
+            state["busy"] = True  # the moves below would each draw a stale picture
+            try:
+                if last > step.max:
+                    step.max = play.max = last
+                else:
+                    step.value, play.value = min(step.value, last), min(play.value, last)
+                    step.max = play.max = last
+            finally:
+                state["busy"] = False
+            # The browser's slider answers Home and End with the range it was drawn with, whatever
+            # max is set later: take the slider out of its row and put it back, to be drawn anew.
+            row.children = (play, start, end)
+            row.children = (play, step, start, end)
         redraw()
 
     def redraw(_=None):
@@ -199,10 +222,7 @@ def ring_stepper(n: int = 4, algorithm: str = "ring"):
         sim = current()
         at = min(step.value, len(sim.steps))
         fig = ring_figure(sim, at)
-        with out:
-            out.clear_output(wait=True)
-            display(fig)
-        plt.close(fig)
+        out.outputs = (picture(fig),)  # one state change of the widget, swapping the whole picture
         ax = fig.axes[0]
         state["drawn"] = (ax.get_title(), ax.texts[-1].get_text())  # the step, and the algorithm and N
 
@@ -212,7 +232,6 @@ def ring_stepper(n: int = 4, algorithm: str = "ring"):
     start.on_click(lambda _: setattr(step, "value", 0))
     end.on_click(lambda _: setattr(step, "value", len(current().steps)))
     rebuild()
-    box = runnable(W, [W.HBox([algo, ranks]), W.HBox([play, step, start, end]), out],
-                   "Ring-AllReduce stepper", " (the strip below has every step)")
+    box = runnable(W, [W.HBox([algo, ranks]), row, out], "Ring-AllReduce stepper", ". The strip below has every step")
     box.drawn = lambda: state["drawn"]  # the title and caption of the picture on screen
     return box

@@ -45,8 +45,8 @@ OPENS = 4  # "Error displaying widget: model not found" was once seen in 1 of 4 
 @pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix() for p in NOTEBOOKS.glob("*.ipynb")))
 def test_notebook_opens_unmodified(open_notebook, path):
     """Every notebook opens unmodified. One with widgets is then reloaded, before any cell runs, until
-    it has opened OPENS times: each time every widget cell shows its one line ("run this cell to use
-    the controls"), never "Error displaying widget", and the console stays clean. The stored
+    it has opened OPENS times: each time every widget cell shows its one line ("... to use the
+    controls"), never "Error displaying widget", and the console stays clean. The stored
     notebooks hold no widget view (`make workbook` stores the line instead), so no open can ask the
     kernel for a widget model it never made: the cause of that message."""
     page = open_notebook(path)
@@ -60,7 +60,7 @@ def test_notebook_opens_unmodified(open_notebook, path):
             cell = f"{PANEL}.content.widgets[{index}]"
             page.js(f"({PANEL}.content.activeCellIndex = {index}, {PANEL}.content.scrollToItem"
                     f" && {PANEL}.content.scrollToItem({index}), true)")
-            page.wait(f"{cell}.outputArea.node.innerText.includes('run this cell')", 30,
+            page.wait(f"{cell}.outputArea.node.innerText.includes('to use the controls')", 30,
                       f"open {k + 1}: the widget cell {index} never showed its line")
             text = page.js(f"{cell}.outputArea.node.innerText")
             assert "Error displaying widget" not in text and "model not found" not in text, (k, index, text[:200])
@@ -86,7 +86,7 @@ def test_stepper_says_what_it_does_before_the_notebook_runs(open_notebook, lab, 
     page.output_area(index).wait_for(timeout=30_000)
     page.shot(cell, "stepper_before_running")
     text = page.output_text(index)
-    assert "run this cell" in text and "VBox(children=" not in text, text[:200]
+    assert "to use the controls" in text and "VBox(children=" not in text, text[:200]
     assert cell.locator(".jupyter-widgets").count() == 0, "a control is drawn with no kernel behind it"
     strip = page.cell(index + 1)
     strip.scroll_into_view_if_needed()
@@ -272,3 +272,62 @@ def shown(outputs: list) -> str:
         else:
             parts.append("".join(o.get("data", {}).get("text/plain", "")))
     return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(parts))
+
+
+def test_stepper_end_key_reaches_the_last_step_after_n_changes(open_notebook):
+    """After N changes, the step slider's End key goes to the new last step, 2(N-1), not to the old
+    one (the browser's slider keeps the range it was made with for Home and End); and moving the
+    controls adds nothing to JupyterLab's Log Console: every picture is drawn inside the widget."""
+    page = open_notebook(RING)
+    index = page.cell_index(r"ring_stepper\(")
+    page.run_cells(sorted({page.first_code_cell(), index}))
+    cell = page.cell(index)
+    cell.scroll_into_view_if_needed()
+
+    def log_entries() -> str:  # the status bar's Log Console item: its number of entries
+        return page.js("(document.querySelector('.jp-LogConsoleStatusItem') || {innerText: '0'}).innerText.trim()")
+
+    def press(label, key, expected: int):
+        """Press a key on a slider; its readout must come to `expected`."""
+        slider = cell.locator(".widget-slider", has=page.page.locator(".widget-label", has_text=label))
+        handle = slider.locator(".noUi-handle")
+        handle.wait_for(timeout=60_000)
+        handle.focus()
+        handle.press(key)
+        try:
+            page.page.wait_for_function("([n, v]) => n.innerText.trim() === v",
+                                        arg=[slider.locator(".widget-readout").element_handle(), str(expected)],
+                                        timeout=30_000)
+        except Exception:
+            page.shot(cell, f"{label}_{key}")
+            shown = dict(zip(cell.locator(".widget-slider .widget-label").all_inner_texts(),
+                             cell.locator(".widget-slider .widget-readout").all_inner_texts()))
+            raise AssertionError(f"{key} on {label!r} reached {shown}, not {label} = {expected}") from None
+
+    def ready(last: int):  # the step slider on screen goes to `last`: the kernel's answer to N drawn
+        page.page.wait_for_function(
+            "([node, v]) => [...node.querySelectorAll('.widget-slider')].some(s =>"
+            " s.innerText.includes('step') && s.querySelector('.noUi-handle') &&"
+            " parseInt(s.querySelector('.noUi-handle').getAttribute('aria-valuemax')) === v)",
+            arg=[cell.element_handle(), last], timeout=60_000)
+
+    # every output message the kernel sends from now on, with the kind of message it answers
+    page.js(f"(window.__outputs = [], {PANEL}.sessionContext.session.kernel.anyMessage.connect((k, a) => {{"
+            "if (a.direction === 'recv' && ['display_data', 'update_display_data', 'stream', 'error', 'clear_output']"
+            ".includes(a.msg.header.msg_type)) window.__outputs.push([a.msg.header.msg_type,"
+            " a.msg.parent_header.msg_type, JSON.stringify(a.msg.content).slice(0, 150)]); }), true)")
+    before = log_entries()
+    press("step", "End", 6)          # N=4: 2(N-1) = 6 steps
+    press("N ranks", "End", 8)       # the ranks slider to its end: N=8
+    ready(14)
+    press("step", "End", 14)         # the new last step, not the old 6
+    press("N ranks", "Home", 2)      # fewer steps: End again goes to the last one
+    ready(2)
+    press("step", "Home", 0)
+    press("step", "End", 2)
+    page.wait(f"{PANEL}.sessionContext.session.kernel.status === 'idle'", 60, "the kernel stayed busy")
+    page.page.wait_for_timeout(1000)  # a stray message would arrive after the last redraw
+    page.shot(cell, "stepper_end_after_n_changes")
+    stray = [m for m in page.js("window.__outputs") if m[1] == "comm_msg"]  # sent from a control's callback
+    assert log_entries() == before and not stray, (
+        f"the stepper wrote to the Log Console ({before or 0} entries before, {log_entries() or 0} after): {stray}")
