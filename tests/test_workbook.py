@@ -202,3 +202,14 @@ def test_the_core_path_and_the_deep_dives_are_timed_apart(tmp_path, capsys):
     assert t["core_seconds"] + t["deep_seconds"] <= t["seconds"]     # the exercises' sleep in neither
     assert f"03_lesson: {t['seconds']:.0f} s, core path {t['core_seconds']:.0f} s, " \
            f"deep dives {t['deep_seconds']:.0f} s" in capsys.readouterr().out
+
+
+def test_only_a_stored_run_refreshes_the_records_the_notebooks_ship(tmp_path):
+    """A learner's run of 03 writes its fit into runs/; the stored build (--store) writes notebooks/records/."""
+    nb = tmp_path / "00_env.ipynb"
+    _write(nb, "import os; print('flag=' + os.environ.get('DDP_LAB_STORE_RECORDS', 'unset'))")
+    assert workbook.main([str(tmp_path / "html"), str(nb)]) == 0
+    assert "flag=unset" in (tmp_path / "html" / "00_env.html").read_text()
+    assert workbook.main([str(tmp_path / "html2"), "--store", str(nb)]) == 0
+    assert "flag=1" in "".join(o.get("text", "") for c in nbformat.read(nb, 4).cells for o in c.get("outputs", []))
+    assert "DDP_LAB_STORE_RECORDS" not in os.environ  # restored after the run

@@ -53,7 +53,7 @@ def title_of(nb) -> str:
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "widgets"  # the notebook metadata key under which ipywidgets stores its models
-WIDGET_TEXT = "(an interactive control: run this cell to use it)"
+WIDGET_TEXT = "(an interactive control: run the notebook from the top (Run menu: Run All Cells) to use it)"
 WIDGET_REPR = re.compile(r"[A-Za-z_]\w*\(\w+=")  # VBox(children=..., interactive(children=...
 
 
@@ -87,6 +87,8 @@ def render(path: Path, out_dir: Path, timeout: int = 600, store: bool = False) -
     # The solutions pass every exercise: their verdicts go to a scratch file beside the handouts, never
     # into the learner's grades (~/.ddp_lab/grades.json, or the file DDP_LAB_GRADES names).
     scratch = {"DDP_LAB_GRADES": str((out_dir / "grades.json").resolve())}
+    if store:  # the stored run refreshes the records the notebooks ship (a learner's run keeps its own in runs/)
+        scratch["DDP_LAB_STORE_RECORDS"] = "1"
     try:
         with mock.patch.dict(os.environ, scratch):  # the kernel inherits it; restored afterwards
             ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(
