@@ -35,13 +35,14 @@ class RankState:
     exception: str | None = None
     source: str | None = None  # where the stack came from
     stack_file: str | None = None  # the file it was read from
+    loaders: dict = field(default_factory=dict)  # {local name: batches} of the data loaders it held
 
     def to_dict(self) -> dict:
         return {"rank": self.rank, "state": self.state,
                 "collective": self.collective.to_dict() if self.collective else None,
                 "where": self.where.to_dict() if self.where else None,
                 "stack": [f.to_dict() for f in self.stack], "exception": self.exception,
-                "source": self.source, "stack_file": self.stack_file}
+                "source": self.source, "stack_file": self.stack_file, "loaders": self.loaders}
 
 
 @dataclass
@@ -162,7 +163,10 @@ def diagnose(evidence: dict, world_size: int | None = None) -> Diagnosis | None:
         pattern = recognise({r: s.stack or _frames_of(s.collective) for r, s in waiting.items()},
                             others_elsewhere=kind == "mismatch" or any(
                                 s.state in ("finished", "failed", "elsewhere") for s in states.values()),
-                            mismatch=kind == "mismatch")
+                            mismatch=kind == "mismatch",
+                            ranks={r: (s.stack, s.loaders) for r, s in states.items() if s.state != "unknown"},
+                            inside={r: s.stack for r, s in states.items() if s.stack and (
+                                s.state == "waiting" or s.state == "failed" and is_secondary(s.exception))})
     except Exception:  # noqa: BLE001 - the pattern is a bonus; the diagnosis stands without it
         pattern = None
     at = f"at collective #{target}" if target is not None else "in a collective"
@@ -173,6 +177,12 @@ def diagnose(evidence: dict, world_size: int | None = None) -> Diagnosis | None:
 
 
 def _state(e: RankEvidence) -> RankState:
+    s = _state_of(e)
+    s.loaders = dict(e.loaders)
+    return s
+
+
+def _state_of(e: RankEvidence) -> RankState:
     last = e.collectives[-1] if e.collectives else None
     frames = [f for f in e.stack if not is_library(f.file)]
     where = user_frame(e.stack)

@@ -73,6 +73,7 @@ class RankEvidence:
     stack_file: str | None = None   # the file the stack was read from
     exception: str | None = None    # "Type: message" when the rank died of one
     finished: bool = False          # it ran to the end of the program
+    loaders: dict = field(default_factory=dict)  # {local name: batches} of the program frames' data loaders
     files: list = field(default_factory=list)
 
     @property
@@ -151,9 +152,11 @@ def read_folder(folder) -> dict[int, RankEvidence]:
                                     if k in found and found[k][1].get("exception")))
             e.stack = [Frame(f["file"], f["line"], f["name"]) for f in info["frames"]]
             e.stack_from = "exception"
+            e.loaders = _loaders(info["frames"])
             e.exception = f"{info['type']}: {info['message']}".strip()
         elif "request" in found and _main_frames(found["request"][1]):
             e.stack, e.stack_from = _main_frames(found["request"][1]), "live"
+            e.loaders = _loaders(_main_thread(found["request"][1]).get("frames") or [])
             e.stack_file = str(found["request"][0])
         elif "faulthandler" in found:
             e.stack, e.stack_from = found["faulthandler"][1], "faulthandler"
@@ -163,11 +166,25 @@ def read_folder(folder) -> dict[int, RankEvidence]:
     return ranks
 
 
-def _main_frames(dump: dict) -> list:
+def _main_thread(dump: dict) -> dict:
     threads = dump.get("threads") or []
-    main = next((t for t in threads if t.get("main")), None) or next(
-        (t for t in threads if t.get("name") == "MainThread"), None)
-    return _before_us([Frame(f["file"], f["line"], f["name"]) for f in main["frames"]] if main else [])
+    return next((t for t in threads if t.get("main")), None) or next(
+        (t for t in threads if t.get("name") == "MainThread"), None) or {}
+
+
+def _main_frames(dump: dict) -> list:
+    main = _main_thread(dump)
+    return _before_us([Frame(f["file"], f["line"], f["name"]) for f in main.get("frames") or []])
+
+
+def _loaders(frames: list) -> dict:
+    """{local name: batches} of the data loaders the frames hold; an inner frame's name wins."""
+    out = {}
+    for f in frames:
+        for name, n in (f.get("loaders") or {}).items():
+            if isinstance(n, int):
+                out[str(name)] = n
+    return out
 
 
 def _before_us(frames: list) -> list:
@@ -257,6 +274,8 @@ def tracebacks_text(ranks: dict) -> str:
                     out.append(f"    {code}")
         if e.exception:
             out.append(e.exception)
+        if e.loaders:
+            out.append("Data loaders: " + ", ".join(f"{k} {v} batches" for k, v in sorted(e.loaders.items())))
         if e.collectives:
             out.append("Flight Recorder entries (oldest first):")
             out.extend(f"  #{c.seq} {c.op} {c.sizes}" + (f" at {c.site.short()}" if c.site else "")

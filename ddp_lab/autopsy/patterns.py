@@ -33,7 +33,7 @@ def _section(key: str):
 
 @dataclass
 class Pattern:
-    name: str            # "rank_condition", "skip", "uneven", "mismatch"
+    name: str            # "rank_condition", "skip", "left_loop", "uneven", "mismatch"
     words: str           # what it is, in words
     evidence: str        # the source line that shows it, "file:line `code`"
     notebook: str
@@ -112,7 +112,8 @@ def rank_condition(frames) -> tuple | None:
 
 
 def skip_in_loop(frames) -> tuple | None:
-    """(frame, line, code, nan?) when the loop around a user frame skips ahead before it."""
+    """(frame, line, code, nan?) when the loop around a user frame skips ahead (`continue`) before
+    it. A `break` leaves the loop instead: left_loop."""
     for f in reversed(frames):
         tree, lines = _parse(f.file)
         if tree is None:
@@ -120,19 +121,113 @@ def skip_in_loop(frames) -> tuple | None:
         for loop in reversed([n for n in _ancestors(tree, f.line) if isinstance(n, (ast.For, ast.While))]):
             for node in _walk_loop_body(loop):
                 if isinstance(node, ast.If) and node.lineno < f.line and any(
-                        isinstance(s, (ast.Continue, ast.Break)) for s in _walk_loop_body(node)):
+                        isinstance(s, ast.Continue) for s in _walk_loop_body(node)):
                     return f, node.lineno, _code(lines, node.lineno), bool(_NAN_WORDS.search(ast.unparse(node.test)))
     return None
 
 
 def in_loop(frames) -> tuple | None:
-    for f in reversed(frames):
-        tree, lines = _parse(f.file)
+    """(frame index, loop node, source lines) of the innermost loop around a user frame's line."""
+    for i in range(len(frames) - 1, -1, -1):
+        tree, lines = _parse(frames[i].file)
         if tree is None:
             continue
-        loops = [n for n in _ancestors(tree, f.line) if isinstance(n, ast.For)]
+        loops = [n for n in _ancestors(tree, frames[i].line) if isinstance(n, (ast.For, ast.While))]
         if loops:
-            return f, loops[-1].lineno, _code(lines, loops[-1].lineno)
+            return i, loops[-1], lines
+    return None
+
+
+def _inside(frames, path: str, loop) -> bool:
+    return any(f.file == path and loop.lineno <= f.line <= (loop.end_lineno or loop.lineno) for f in frames)
+
+
+def loop_exits(frames, i: int, loop, lines) -> list:
+    """[(line, code, how)]: the ways out of `loop` (frames[i]'s innermost loop) before its data
+    runs out, each at the statement that decides it: a `break` or `return` (at the `if` or `except`
+    around it), an exception caught by a `try` around the loop, in its function or a caller's."""
+    out = []
+    parents = {c: n for n in ast.walk(loop) for c in ast.iter_child_nodes(n)}
+    for node in _walk_loop_body(loop):
+        if isinstance(node, (ast.Break, ast.Return)):
+            decider = parents.get(node)
+            while decider is not None and decider is not loop and not isinstance(decider, (ast.If, ast.ExceptHandler)):
+                decider = parents.get(decider)
+            at = node if decider is None or decider is loop else decider
+            how = "a `break`" if isinstance(node, ast.Break) else "a `return`"
+            if isinstance(at, ast.ExceptHandler):
+                how = f"{how} after an exception caught"
+            out.append((at.lineno, _code(lines, at.lineno), how))
+    for k in range(i, -1, -1):  # a try around the loop, or around a call that leads to it
+        tree, src = _parse(frames[k].file)
+        line = loop.lineno if k == i else frames[k].line
+        for node in reversed(_ancestors(tree, line) if tree is not None else []):
+            if isinstance(node, ast.Try) and node.body[0].lineno <= line <= node.body[-1].end_lineno:
+                for h in node.handlers:  # one that raises again, or catches Ctrl-C, is no early stop
+                    if not any(isinstance(x, ast.Raise) for x in h.body) and not _interrupt(h):
+                        out.append((h.lineno, _code(src, h.lineno), "an exception caught"))
+    return sorted(set(out))
+
+
+def _interrupt(handler) -> bool:
+    names = ast.unparse(handler.type) if handler.type is not None else ""
+    return bool(names) and not re.sub(r"KeyboardInterrupt|SystemExit|[\s(),]", "", names)
+
+
+def _loader_sizes(rank: int, others: list, ranks: dict):
+    """(name, {rank: batches}) for a data loader held under one name by `rank` and by the ranks
+    that left the loop, or None when they share no loader name."""
+    mine = ranks.get(rank, ((), {}))[1]
+    for name in sorted(mine):
+        theirs = {q: ranks[q][1][name] for q in others if name in ranks.get(q, ((), {}))[1]}
+        if theirs:
+            return name, {rank: mine[name], **theirs}
+    return None
+
+
+def left_or_ran_out(waiting: dict, ranks: dict) -> Pattern | None:
+    """A rank is inside a loop that another rank is no longer in: did that rank's data run out
+    first (uneven inputs) or did it leave the loop early (a break, an early stop, a caught
+    exception)? The data loaders both held decide when they hold one under the same name (as many
+    batches on every rank: it left early); else the loop's source: a way out before the data
+    ends, or none."""
+    for r, frames in waiting.items():
+        found = in_loop(frames)
+        if found is None:
+            continue
+        i, loop, lines = found
+        f = frames[i]
+        gone = sorted(q for q, (stack, _) in ranks.items() if q != r and not _inside(stack, f.file, loop))
+        if ranks and not gone:
+            continue
+        exits = loop_exits(frames, i, loop, lines)
+        if not exits and isinstance(loop, ast.While) and isinstance(loop.test, ast.Constant) and loop.test.value:
+            continue  # `while True:` without a way out: nobody left it
+        sizes = _loader_sizes(r, gone, ranks)
+        who = f"rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}" if gone else "another rank"
+        at = f"{_short(f.file)}:{loop.lineno} `{_code(lines, loop.lineno)}`"
+        ran_out = len(set(sizes[1].values())) > 1 if sizes else not exits and isinstance(loop, ast.For)
+        if ran_out:
+            nb02, sec02 = _section("hang")
+            counts = "" if not sizes else (f", whose data ran out first (`{sizes[0]}` has " + ", ".join(
+                f"{n} batches on rank {q}" for q, n in sorted(sizes[1].items())) + ")")
+            return Pattern("uneven", f"uneven inputs: rank {r}'s loop ran more steps than {who}'s{counts}",
+                           at, nb02, sec02, None,
+                           fix="give every rank the same number of batches (DistributedSampler, drop_last=True, "
+                               "or shards of equal length), or run the loop inside DDP's Join context manager")
+        line, code, how = exits[0] if exits else (loop.lineno, _code(lines, loop.lineno), "its `while` condition")
+        same = "" if not sizes else (f", though its data had not run out (`{sizes[0]}` has {sizes[1][r]} "
+                                     f"batches on every rank)")
+        nb07, sec07 = _section("skipped")
+        caught = "exception" in how
+        return Pattern("left_loop", f"an early stop on one rank: {who} left the loop ({how}) while rank {r} "
+                       f"ran on into the next step's collectives{same}", f"{_short(f.file)}:{line} `{code}`",
+                       nb07, sec07, None, "whether a rank stops depends on its own data at run time",
+                       fix="decide to stop on every rank together: each step, all-reduce a stop flag (flag = "
+                           "torch.tensor(float(stop)); dist.all_reduce(flag, op=dist.ReduceOp.MAX)) and leave "
+                           "the loop on every rank once it is set"
+                           + ("; catch the exception inside the loop and set the flag, rather than leave the "
+                              "loop on that rank alone" if caught else ""))
     return None
 
 
@@ -146,8 +241,12 @@ def _walk_loop_body(node):
             todo.extend(ast.iter_child_nodes(n))
 
 
-def recognise(waiting: dict, others_elsewhere: bool, mismatch: bool) -> Pattern | None:
-    """waiting: {rank: user frames (outermost first)} of the ranks stuck in a collective."""
+def recognise(waiting: dict, others_elsewhere: bool, mismatch: bool, ranks: dict | None = None,
+              inside: dict | None = None) -> Pattern | None:
+    """waiting: {rank: user frames (outermost first)} of the ranks stuck in a collective; ranks:
+    {rank: (user frames, {loader name: batches})} of every rank whose state is known; inside:
+    {rank: user frames} of the ranks that waited for the others inside a loop (waiting, or failed
+    only because they lost their peers), default the waiting ones."""
     nb07, sec07 = _section("skipped")
     for frames in waiting.values():
         if found := rank_condition(frames):
@@ -166,15 +265,8 @@ def recognise(waiting: dict, others_elsewhere: bool, mismatch: bool) -> Pattern 
                            fix="decide the skip on every rank together: all-reduce the condition ("
                                + ("a NaN on any rank" if nan else "true on any rank")
                                + "), then every rank skips the step or none does")
-    if others_elsewhere:
-        for frames in waiting.values():
-            if found := in_loop(frames):
-                f, line, code = found
-                nb02, sec02 = _section("hang")
-                return Pattern("uneven", "uneven inputs: this rank's loop ran more steps than another's",
-                               f"{_short(f.file)}:{line} `{code}`", nb02, sec02, None,
-                               fix="give every rank the same number of batches (DistributedSampler, "
-                                   "drop_last=True), or run the loop inside DDP's Join context manager")
+    if others_elsewhere and (found := left_or_ran_out({**waiting, **(inside or {})}, ranks or {})):
+        return found
     if mismatch:
         return Pattern("mismatch", "mismatched collectives: the ranks called different operations or "
                        "sizes at the same point", "the sites above", *MISMATCH_SECTION, None,

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from ddp_lab.verify.gates import quoted
+
 CATEGORIES = ("data-coverage", "replica-divergence", "comm-per-step", "lr-per-step", "eval-count", "same-noise",
               "grad-scale", "resume-mismatch", "hang")
 SHOW = 3  # tensors or indices named in a finding's evidence
@@ -88,7 +90,7 @@ def _one_pass(loader, k, recs: dict, world: int) -> Finding | None:
                        "the loader's data set differs between ranks", "build the same data set on every rank",
                        recs[r].get("at"))
     samplers = {r: p["sampler"] for r, p in recs.items()}
-    wrong = {r: s for r, s in samplers.items() if s["type"] == "DistributedSampler"
+    wrong = {r: s for r, s in samplers.items() if distributed(s)
              and (s["rank"] != r or s["num_replicas"] != world)}
     if wrong:
         r, s = min(wrong.items())
@@ -103,8 +105,7 @@ def _one_pass(loader, k, recs: dict, world: int) -> Finding | None:
     sets = {r: set(p["indices"]) for r, p in recs.items()}
     union = set().union(*sets.values())
     drawn = sum(len(p["indices"]) for p in recs.values())
-    dist_sampler = all(s["type"] == "DistributedSampler" for s in samplers.values())
-    pad = (math.ceil(n / world) * world - n) if dist_sampler and not first["sampler"].get("drop_last") else 0
+    pad = promised_padding(samplers.values(), n, world)
     repeated = drawn - len(union)
     if n is not None and repeated > pad:
         if len({tuple(sorted(s)) for s in sets.values()}) == 1:
@@ -112,7 +113,7 @@ def _one_pass(loader, k, recs: dict, world: int) -> Finding | None:
                        f"({first['sampler']['type']}, not a DistributedSampler)")
         else:
             message = f"the ranks' shards overlap: {repeated} samples drawn twice or more in one pass" \
-                      f"{f' (the sampler pads only {pad})' if pad else ''}"
+                      f"{f', {repeated - pad} more than the {pad} repeats the sampler pads with' if pad else ''}"
         fix = ("shard with DistributedSampler(dataset, shuffle=True) and call sampler.set_epoch(epoch); "
                "a hand-made split must use the same seed on every rank")
         if first["subset"]:
@@ -124,7 +125,8 @@ def _one_pass(loader, k, recs: dict, world: int) -> Finding | None:
     if n is not None and pool is not False:
         never = sorted((set(range(n)) if pool is None else pool) - union)
         missing = len(never)
-        allowed = (n % world if dist_sampler and first["sampler"].get("drop_last") else 0)
+        even = all(map(distributed, samplers.values())) and first["sampler"].get("drop_last")
+        allowed = n % world if even else 0
         if first["drop_last"] and first["batch_size"]:
             allowed += world * (first["batch_size"] - 1)
         if missing > allowed:
@@ -135,6 +137,27 @@ def _one_pass(loader, k, recs: dict, world: int) -> Finding | None:
                            "shard with DistributedSampler(dataset) so the ranks together cover the data set",
                            first.get("at"))
     return None
+
+
+def distributed(sampler: dict) -> bool:
+    """A DistributedSampler, or a subclass of one (the observer records which)."""
+    return bool(sampler.get("distributed")) or sampler.get("type") == "DistributedSampler"
+
+
+def promised_padding(samplers, n, world: int) -> int:
+    """How many samples the ranks' samplers may repeat in one pass by their own promise: with
+    drop_last=False, DistributedSampler pads the last round with repeats, total_size - len(dataset) of
+    them (at most world_size - 1); a subclass with an order of its own (a resumable sampler that
+    starts mid-epoch) pads its own remainder, so at most world_size - 1. 0 for any other sampler."""
+    samplers = list(samplers)
+    if not samplers or not all(map(distributed, samplers)) or any(s.get("drop_last") for s in samplers):
+        return 0
+    s = samplers[0]
+    if s.get("type") == "DistributedSampler" and s.get("total_size") is not None and s.get("length") is not None:
+        return max(0, s["total_size"] - s["length"])
+    if s.get("type") == "DistributedSampler" and n is not None:
+        return math.ceil(n / world) * world - n
+    return world - 1
 
 
 def _universe(recs: dict):
@@ -176,7 +199,7 @@ def _order(loader, by_rank: dict, notes: list) -> list:
             s = b["sampler"]
             if a["indices"] is None or a["indices"] != b["indices"]:
                 continue
-            if s["type"] == "DistributedSampler" and s.get("shuffle"):
+            if distributed(s) and s.get("shuffle"):
                 return [Finding("data-coverage", r, b["step"] + 1,
                                 f"pass {k} draws exactly the order of pass {k - 1}: the DistributedSampler "
                                 f"still has epoch={s['epoch']}",
@@ -243,15 +266,19 @@ def _differs(what, step, ranks, steps, ref) -> Finding | None:
                   and all(steps[q].get(t, {}).get("lr") == steps[ranks[0]][t]["lr"] for q in ranks)]
         if len({tuple(v) for v in lrs.values()}) > 1 and agreed:
             evidence = f"learning rates agreed at step {agreed[-1]}, then differ: {_per_rank(lrs)}"
-            fix = ("step the scheduler (and change the optimizer) on every rank, not under `if rank == 0:`; "
-                   "only logging and saving belong to rank 0")
+            gate = quoted(rec.get("at"), prefer={"step"})
+            fix = ("step the scheduler (and change the optimizer) on every rank, "
+                   + (f"not just on the ranks {gate} lets through" if gate else "not under a condition on the rank")
+                   + "; only logging and saving belong to one rank")
         elif len({tuple(v) for v in lrs.values()}) > 1:
             evidence = f"learning rates differ: {_per_rank(lrs)}"
             fix = "derive hyperparameters from the world size or the config, never from the rank"
         else:
             evidence = f"{len(names)} of {len(ref[what])} parameters differ; learning rates agree ({ref['lr']})"
-            fix = ("run the same optimizer and scheduler steps, and the same in-place changes of "
-                   "parameters, on every rank (an `if rank == 0:` around one is the usual cause)")
+            gate = quoted(rec.get("at"))
+            fix = ("run the same optimizer and scheduler steps, and the same in-place changes of parameters, on "
+                   "every rank (" + (f"{gate} keeps work from the other ranks" if gate else
+                                     "a condition on the rank around one is the usual cause") + ")")
         if not ref.get("ddp"):
             fix = "wrap the model in DistributedDataParallel, so gradients are averaged before each step"
         return Finding("replica-divergence", r, step,

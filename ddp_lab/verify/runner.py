@@ -199,7 +199,7 @@ def _hang(e, records_dir, world) -> Finding | None:
         evidence = "\n    ".join(x.strip() for x in lines if not x.startswith("Known pattern"))
         fix = (d.pattern.sentence() if d.pattern else
                "make every rank run the same collectives in the same order (the same number of batches, "
-               "no collective under `if rank == 0:`)")
+               "no collective under a condition on the rank)")
         headline = d.headline
         where = getattr(d.ranks.get(rank), "where", None)  # the script's line that rank was at
         line = f"{where.file}:{where.line}" if hasattr(where, "file") else None

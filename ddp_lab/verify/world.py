@@ -7,14 +7,15 @@ of ddp_lab/verify/_inject.
 - same-noise (every run): random numbers drawn while a training batch is loaded (augmentation), or in
   the DDP model's training forward (dropout), from a generator in the same state on every rank;
 - grad-scale (--scaling, one more launch): the 1-rank run takes step 1 on rank 0's batches, from the
-  same parameters; rank 0's own gradient (before DDP averages it) must equal the 1-rank gradient.
+  same parameters; rank 0's own gradient (before DDP averages it) must equal the 1-rank gradient,
+  both read where backward() leaves them (DDP's comm hook), before any clipping.
 """
 from __future__ import annotations
 
 import json
 import statistics
 
-from ddp_lab.verify.findings import Finding, _kind, _training_loaders
+from ddp_lab.verify.findings import Finding, _kind, _training_loaders, distributed
 
 TOLERANCE = 0.01  # relative: the same batch, parameters and operations give (nearly) the same numbers
 NEGLIGIBLE = 1e-4  # a parameter tensor's gradient norm below this share of the largest one is not compared
@@ -75,7 +76,7 @@ def eval_count(records: dict, world: int, notes: list) -> list:
             continue
         s = ps[ranks[0]]["sampler"]
         pad = (s.get("total_size") or 0) - (s.get("length") or 0)
-        if s["type"] != "DistributedSampler" or s.get("drop_last") or pad <= 0:
+        if not distributed(s) or s.get("drop_last") or pad <= 0:
             continue
         if all(float(ps[r]["count"]) in xs[r]["values"] for r in ranks):
             x = xs[ranks[-1]]
@@ -236,7 +237,10 @@ def compare(a: dict, b: dict | None, world: int) -> tuple[list, list, list]:
         why = "the 1-rank run's step 1 did not draw rank 0's batches"
     elif a.get("rounds") != 1 or not a.get("grad_local"):
         why = f"step 1 on {world} ranks had {a.get('rounds', 0)} gradient all-reduces, not 1"
-    local, ref = a.get("grad_local") or {}, b.get("grad") or {}
+    # Like with like: rank 0's own gradient as backward() left it (in the comm hook, before the
+    # all-reduce and before any clipping) against the 1-rank run's at the same point. The gradient the
+    # optimizer saw (`grad`) is after clipping: a clip that fires at step 1 would look like a scale.
+    local, ref = a.get("grad_local") or {}, b.get("grad_local") or b.get("grad") or {}
     top = max(ref.values(), default=0)
     # a gradient that is rounding noise (a bias before a BatchNorm: about 1e-8) has no scale to compare
     names = [n for n in ref if ref[n] > NEGLIGIBLE * top and local.get(n)]

@@ -6,7 +6,8 @@ set) it writes nothing until asked, and then only into $DDP_LAB_AUTOPSY_DIR:
 
 - rank{R}.pid         the rank is armed (its pid), so the launcher may ask it;
 - rank{R}.ctl         a FIFO: writing a line to it makes a thread (blocked in open(), so it costs
-                      nothing meanwhile) write rank{R}.request.json (every thread's stack) and
+                      nothing meanwhile) write rank{R}.request.json (every thread's stack; for
+                      the program's frames, the length of each data loader they hold) and
                       fr_trace_rank_{R} (torch's Flight Recorder dump, as TORCH_FR_DUMP_TEMP_FILE
                       would write it), then touch rank{R}.done.{request};
 - rank{R}.sigusr1.txt, .sigterm.txt, .fatal.txt: stacks faulthandler writes (no GIL needed) on
@@ -46,13 +47,56 @@ def _chain_next_sitecustomize():
     spec.loader.exec_module(module)
 
 
-def _frames(frame):
-    """[{file, line, name}], outermost first."""
+def _frames(frame, loaders=False):
+    """[{file, line, name}], outermost first; loaders: with each program frame's data loaders."""
     out = []
     while frame is not None:
-        out.append({"file": frame.f_code.co_filename, "line": frame.f_lineno, "name": frame.f_code.co_name})
+        out.append(_frame(frame, frame.f_lineno, loaders))
         frame = frame.f_back
     return out[::-1]
+
+
+def _frame(frame, line, loaders):
+    out = {"file": frame.f_code.co_filename, "line": line, "name": frame.f_code.co_name}
+    if loaders and not _machinery(out["file"]):
+        found = _loaders(frame)
+        if found:
+            out["loaders"] = found
+    return out
+
+
+_MACHINERY = []  # folders whose frames are not the program's: the standard library, installed packages
+
+
+def _machinery(path):
+    if not _MACHINERY:
+        import sysconfig
+        _MACHINERY.extend(sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+        _MACHINERY.append(_HERE)
+    return path.startswith("<") or path.startswith(tuple(_MACHINERY))
+
+
+def _loaders(frame):
+    """{local name: batches} of a program frame's data loaders: a DataLoader over a map-style data
+    set (len() is its sampler's length: no data is touched), or a list or tuple in a local whose name
+    says loader or batches. Whether the ranks had as many batches tells a rank whose data ran out
+    from one that left its loop early."""
+    out = {}
+    try:
+        items = list(frame.f_locals.items())
+    except Exception:  # noqa: BLE001
+        return out
+    for name, value in items:
+        try:
+            kinds = {c.__name__ for c in type(value).__mro__}
+            if "DataLoader" in kinds:
+                if "IterableDataset" not in {c.__name__ for c in type(value.dataset).__mro__}:
+                    out[name] = len(value)
+            elif isinstance(value, (list, tuple)) and ("loader" in name.lower() or "batches" in name.lower()):
+                out[name] = len(value)
+        except Exception:  # noqa: BLE001 - a loader that cannot say its length is left out
+            continue
+    return out
 
 
 def _alive(pid_file):
@@ -125,15 +169,15 @@ class _Arm:
                 if ident == me and request is not None:
                     continue  # this thread: always here, answering
                 out["threads"].append({"ident": ident, "name": names.get(ident, "?"),
-                                       "main": ident == self.main_ident, "frames": _frames(frame)})
+                                       "main": ident == self.main_ident,
+                                       "frames": _frames(frame, loaders=ident == self.main_ident)})
         except Exception as e:  # noqa: BLE001 - a partial dump is still a dump
             out["threads_error"] = repr(e)
         if exc is not None:
             etype, value, tb = exc
             frames = []
             while tb is not None:
-                frames.append({"file": tb.tb_frame.f_code.co_filename, "line": tb.tb_lineno,
-                               "name": tb.tb_frame.f_code.co_name})
+                frames.append(_frame(tb.tb_frame, tb.tb_lineno, loaders=True))
                 tb = tb.tb_next
             out["exception"] = {"type": getattr(etype, "__name__", str(etype)),
                                 "message": str(value)[:2000], "frames": frames}

@@ -121,7 +121,7 @@ class _Observer:
         sampler = loader.sampler
         info = {"type": type(sampler).__name__}
         if isinstance(sampler, tud.DistributedSampler):
-            info.update(rank=sampler.rank, num_replicas=sampler.num_replicas, epoch=sampler.epoch,
+            info.update(distributed=True, rank=sampler.rank, num_replicas=sampler.num_replicas, epoch=sampler.epoch,
                         shuffle=sampler.shuffle, drop_last=sampler.drop_last, seed=sampler.seed,
                         total_size=sampler.total_size, length=len(sampler.dataset))
         try:
