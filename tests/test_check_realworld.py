@@ -34,6 +34,18 @@ CASES = [
     ("grad_accum_steps is a setting, not an accuracy", "nanogpt_style_accum_config.py", "DDP008", []),
     ("torch.cuda.amp only as the fallback of torch.amp", "amp_fallback.py", "DDP012", []),
     ("validation loader not sharded: every rank scores the whole set", "val_unsharded.py", "DDP008", []),
+    ("a callback writes on global zero, every rank meets at the barrier after it",
+     "lightning_style_rank_zero_callback.py", "DDP009", []),
+    ("load_dataset on every rank (a locked cache), a download under main_process_first()",
+     "hf_run_clm_style_data.py", "DDP024", []),
+    ("a download inside torch_distributed_zero_first(LOCAL_RANK)", "yolo_style_zero_first.py", "DDP024", []),
+    ("per-GPU batch fixed, lr from the effective batch", "mae_style_lr_scaling.py", "DDP025", []),
+    ("global batch split among workers, lr and batch rescaled together", "detectron2_style_batch_split.py",
+     "DDP025", []),
+    ("checkpoint of plain dicts; the dataclass config rebuilt on resume", "nanogpt_style_checkpoint.py", "DDP026", []),
+    ("args in the checkpoint, read back with weights_only=False", "torchvision_style_args_in_checkpoint.py",
+     "DDP026", []),
+    ("FSDP2 accumulation inside accelerator.accumulate()", "accelerate_style_fsdp2_accumulation.py", "DDP027", []),
 ]
 
 # Every file: all its findings, so no other rule fires on it either. *_fixed.py: the fix, quiet.
@@ -110,3 +122,32 @@ def test_code_after_an_early_return_on_other_ranks_runs_on_rank_0_only():
     head, tail = code.rsplit("    return metrics\n", 1)
     skipped = head + "    dist.all_reduce(cumulative_loss)\n    return metrics\n" + tail
     assert [(f.id, f.line) for f in check.source(skipped)] == [("DDP009", line_of(skipped, "dist.all_reduce(cum"))]
+
+
+# The quiet files above are quiet for the reasons they show: take those away and the rule speaks.
+UNDONE = [
+    ("lightning_style_rank_zero_callback.py", "DDP009",
+     [("            self._log(f\"new best {loss:.4f} at epoch {trainer.current_epoch}\")\n        self._sync(trainer)",
+       "            self._log(f\"new best {loss:.4f} at epoch {trainer.current_epoch}\")\n            self._sync(trainer)")],
+     "            self._sync(trainer)"),
+    ("hf_run_clm_style_data.py", "DDP024", [("    with accelerator.main_process_first():\n", "    if True:\n")],
+     "probe = probe_images(Accelerator()"),
+    ("yolo_style_zero_first.py", "DDP024", [("    with torch_distributed_zero_first(LOCAL_RANK):\n", "    if True:\n")],
+     "data = datasets.CIFAR10(root"),
+    ("mae_style_lr_scaling.py", "DDP025", [("batch_size=args.batch_size,", "batch_size=args.batch_size // num_tasks,"),
+                                           ("args.blr * eff_batch_size / 256", "args.blr * num_tasks")],
+     "args.lr = args.blr * num_tasks"),
+    ("detectron2_style_batch_split.py", "DDP025", [("lr=cfg.SOLVER.BASE_LR,", "lr=cfg.SOLVER.BASE_LR * world_size,")],
+     "lr=cfg.SOLVER.BASE_LR * world_size,"),
+    ("nanogpt_style_checkpoint.py", "DDP026", [('"config": config,', '"config": gptconf,')], '"config": gptconf,'),
+    ("torchvision_style_args_in_checkpoint.py", "DDP026", [(", weights_only=False)", ")")], '"args": args,'),
+]
+
+
+@pytest.mark.parametrize("name, rule, edits, reported", UNDONE, ids=[f"{u[1]}-{u[0]}" for u in UNDONE])
+def test_without_its_reason_the_quiet_file_is_reported(name, rule, edits, reported):
+    text = (REALWORLD / name).read_text(encoding="utf-8")
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    assert [f.line for f in check.source(text, select=[rule])] == [line_of(text, reported)]

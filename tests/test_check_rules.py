@@ -341,13 +341,14 @@ def test_shell_rule_leaves_correct_commands_alone(rule, code):
 
 def test_every_rule_has_broken_examples_and_lookalikes():
     import test_check_new_classes as newest  # DDP021-DDP023 keep theirs there
+    import test_check_field_rules as field  # DDP024-DDP027 keep theirs there
     import test_check_new_rules as newer  # the rules from DDP017 and DDP105 on keep theirs there
     for rule in check.RULES:
         python = check.RULES[rule].kind == "python"
         broken = {**(BROKEN if python else SHELL_BROKEN), **(newer.BROKEN if python else newer.SHELL_BROKEN),
-                  **(newest.BROKEN if python else {})}
+                  **(newest.BROKEN if python else {}), **(field.BROKEN if python else {})}
         fine = {**(LOOKALIKES if python else SHELL_LOOKALIKES),
-                **(newer.LOOKALIKES if python else newer.SHELL_LOOKALIKES), **(newest.LOOKALIKES if python else {})}
+                **(newer.LOOKALIKES if python else newer.SHELL_LOOKALIKES), **(newest.LOOKALIKES if python else {}), **(field.LOOKALIKES if python else {})}
         if rule == "DDP102":  # notebook-only: see the two tests below
             continue
         assert broken.get(rule) and fine.get(rule), rule

@@ -54,7 +54,7 @@ def _is_optimizer_step(call, names=frozenset()) -> bool:
 def _syncs_itself(m: Module) -> bool:
     names = {n.id if isinstance(n, ast.Name) else n.attr for n in m.nodes if isinstance(n, (ast.Name, ast.Attribute))}
     return bool(names & {"no_sync", "require_backward_grad_sync", "accumulate", "Accelerator", "accelerator",
-                         "Fabric", "fabric", "deepspeed", "model_engine"})
+                         "Fabric", "fabric", "deepspeed", "model_engine", "set_requires_gradient_sync"})
 
 
 @rule("DDP010", "Gradient accumulation without no_sync: backward() runs on every micro-step but the "
@@ -64,8 +64,23 @@ def _syncs_itself(m: Module) -> bool:
           "each window",
       section="accumulation")
 def accumulation_without_no_sync(m: Module):
-    if not m.is_ddp or _syncs_itself(m):
+    if not m.is_ddp or _syncs_itself(m) or fsdp2(m):   # a fully_shard model: DDP027 says what to write
         return
+    for first, via in accumulating_backwards(m):
+        yield Hit(first) if via is None else Hit(via, (
+            f"Gradient accumulation without no_sync: {ast.unparse(via.func)}() runs backward() "
+            f"({m.where(first)}) on every micro-step but the optimizer steps every k, and DDP all-reduces "
+            "after each backward, so k-1 of every k all-reduces are wasted."))
+
+
+def fsdp2(m: Module) -> bool:
+    """The file shards a model with FSDP2's fully_shard (which has no no_sync())."""
+    return any(last(c) == "fully_shard" for c in m.calls)
+
+
+def accumulating_backwards(m: Module):
+    """(backward, the call that reaches it or None) for each accumulation window whose backward runs on
+    every micro-step outside no_sync, while the optimizer steps every k."""
     seen, opts = set(), optimizers(m)
     for node in m.nodes:
         backwards = _steps_every_k(m, node, opts) if isinstance(node, ast.If) else \
@@ -77,10 +92,7 @@ def accumulation_without_no_sync(m: Module):
             first, via = min(backwards, key=lambda p: (p[1] or p[0]).lineno * 10000 + (p[1] or p[0]).col_offset)
             if id(via or first) not in seen:
                 seen.add(id(via or first))
-                yield Hit(first) if via is None else Hit(via, (
-                    f"Gradient accumulation without no_sync: {ast.unparse(via.func)}() runs backward() "
-                    f"({m.where(first)}) on every micro-step but the optimizer steps every k, and DDP all-reduces "
-                    "after each backward, so k-1 of every k all-reduces are wasted."))
+                yield first, via
 
 
 def _under_no_sync(m: Module, node) -> bool:
