@@ -30,7 +30,11 @@ communication, and the parts split the device's time from the step's first kerne
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -253,3 +257,22 @@ def merge(folder, out=None) -> Path:
     out = Path(out) if out else folder / "all_ranks.json"
     out.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}), encoding="utf-8")
     return out
+
+
+@contextmanager
+def captured_stderr():
+    """The lines C++ code writes to file descriptor 2 inside the block, filled in when it ends.
+    torch's C++ warnings (the profiler's allocator notes) bypass Python's `warnings` and
+    `sys.stderr`, so only the descriptor itself can catch them; Python's own output is untouched."""
+    lines: list = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read().decode(errors="replace").splitlines())
