@@ -1,4 +1,4 @@
-"""ddp_lab.check rules DDP017-DDP020 and DDP105-DDP108: broken code they must flag (on the lines
+"""ddp_lab.check rules DDP017-DDP020 and DDP105-DDP109: broken code they must flag (on the lines
 marked `# <-`) and correct look-alikes they must leave alone. Pure AST: nothing here runs the code."""
 import pytest
 
@@ -136,6 +136,17 @@ SHELL_BROKEN = {
         'srun torchrun --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint="$HEAD_NODE:29500" train.py  # <-',
         "#SBATCH --nodes=2\nexport MASTER_ADDR=$SLURM_SUBMIT_HOST  # <-\nsrun python train.py",
     ],
+    "DDP109": [
+        "#SBATCH --nodes=2\n#SBATCH --cpus-per-task=16\nsrun torchrun --nnodes=2 --nproc_per_node=4 train.py  # <-",
+        "#SBATCH -c 8\nsrun --ntasks-per-node=4 python train.py  # <-",
+        "#SBATCH -c8\nsrun -N 2 --kill-on-bad-exit=1 \"$PYTHON\" -m torch.distributed.run train.py  # <-",
+        # srun started through a bash array, as scripts/slurm_ddp.sbatch writes it
+        '#SBATCH --cpus-per-task 16\ncmd=(\n  srun --kill-on-bad-exit=1  # <-\n  "$PY" -m torch.distributed.run train.py\n)\n'
+        'exec "${cmd[@]}"',
+        # set but not exported: srun does not see it
+        "#SBATCH --cpus-per-task=8\nSRUN_CPUS_PER_TASK=8\nsrun torchrun train.py  # <-",
+        "#SBATCH --cpus-per-task=8\nsrun --cpus-per-task=8 python prepare.py\nsrun torchrun train.py  # <-",
+    ],
 }
 
 SHELL_LOOKALIKES = {
@@ -178,6 +189,19 @@ SHELL_LOOKALIKES = {
         "#SBATCH --ntasks-per-node=4\n#SBATCH --gpus-per-node=4\nsrun python train.py",
         # torchrun started once, by the batch script, not by srun
         "#SBATCH --ntasks-per-node=4\ntorchrun --nproc_per_node=4 train.py",
+    ],
+    "DDP109": [
+        "#SBATCH --cpus-per-task=16\nsrun --cpus-per-task=$SLURM_CPUS_PER_TASK torchrun --nproc_per_node=4 train.py",
+        "#SBATCH -c 8\nsrun -c 8 python train.py",
+        "#SBATCH -c 8\nsrun -c8 python train.py",
+        "#SBATCH --cpus-per-task=8\nexport SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK\nsrun torchrun train.py",
+        "#SBATCH --cpus-per-task=8\nSRUN_CPUS_PER_TASK=8\nexport SRUN_CPUS_PER_TASK\nsrun torchrun train.py",
+        "#SBATCH --cpus-per-task=8\nSRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK srun torchrun train.py",
+        "#SBATCH --cpus-per-task=1\nsrun torchrun train.py",
+        "#SBATCH --nodes=2\nsrun torchrun --nnodes=2 train.py",
+        "srun torchrun train.py  # no #SBATCH line: an interactive allocation's step",
+        # srun starting something other than training; torchrun started without srun
+        "#SBATCH --cpus-per-task=8\nsrun hostname\necho srun python\ntorchrun --nproc_per_node=4 train.py",
     ],
 }
 
@@ -234,3 +258,16 @@ def test_messages_say_what_a_real_slurm_showed():
         "--ntasks-per-node=4: srun starts 4 torchruns on every node, 4 x 4 = 16 processes a node, not one world: "
         "the torchruns of a node share the rendezvous port, only one per node joins, and the others fail when it ends."]
     assert check.source(open("scripts/slurm_ddp.sbatch").read(), "shell") == []
+
+
+def test_srun_without_cpus_names_the_count_and_the_fix():
+    """Measured in notebook 10 on a real SLURM 22.05 that binds tasks to CPUs: without srun's own
+    --cpus-per-task each worker ran on 1 CPU of the task's 2. The shipped batch file passes it."""
+    found = check.source(SHELL_BROKEN["DDP109"][0], "shell")
+    assert [f.id for f in found] == ["DDP109"] and found[0].col == 1
+    assert "--cpus-per-task=16" in found[0].message and "22.05-23.02" in found[0].message
+    assert "srun --cpus-per-task=$SLURM_CPUS_PER_TASK" in found[0].message
+    shipped = open("scripts/slurm_ddp.sbatch").read()
+    flag = ' --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}"'   # what notebook 10's probe job removes
+    assert flag in shipped and check.source(shipped, "shell") == []
+    assert [f.id for f in check.source(shipped.replace(flag, ""), "shell")] == ["DDP109"]

@@ -248,7 +248,7 @@ def _port(cmd: Command, start: int, script: Script | None = None) -> str | None:
 
 
 def sbatch(script: Script, *names: str) -> str | None:
-    """The value of an `#SBATCH` option (the last one given), `--name=v`, `--name v` or `-N v`."""
+    """The value of an `#SBATCH` option (the last one given), `--name=v`, `--name v`, `-N v` or `-Nv`."""
     value = None
     for line in script.lines:
         if line.startswith("#SBATCH"):
@@ -257,6 +257,8 @@ def sbatch(script: Script, *names: str) -> str | None:
                 name, eq, v = word.partition("=")
                 if name in names:
                     value = v if eq else (words[i + 1] if i + 1 < len(words) else None)
+                elif not word.startswith("--") and word[:2] in names and len(word) > 2:   # `-c8`
+                    value = word[2:]
     return value
 
 
@@ -394,3 +396,77 @@ def endpoint_from_login_node(script: Script):
                                "connect to (ctl, 29500)').")
                 yield hit
                 break
+
+
+# srun's options that take a value as the next word (`-c 8`, `--ntasks 4`); other short options are flags,
+# and long ones without `=` take a value unless they are flags (SRUN_FLAGS).
+SRUN_VALUED = set("AbBcCdDeGiJLmnNopqrStTwWx")
+SRUN_FLAGS = {"--label", "--unbuffered", "--overlap", "--pty", "--verbose", "--quiet", "--overcommit", "--exact",
+              "--whole", "--exclusive", "--kill-on-bad-exit", "--no-kill", "--oversubscribe", "--disable-status",
+              "--multi-prog", "--test-only", "--nohup", "--spread-job", "--use-min-nodes", "--contiguous"}
+
+
+def _srun(cmd: Command) -> tuple[list, int] | None:
+    """(srun's option words, index of the program it starts) when the command runs srun."""
+    toks = cmd.tokens
+    at = toks.index("srun") if "srun" in toks else -1
+    if at < 0 or not all(re.match(r"^\w+=", t) or t in WRAPPERS for t in toks[:at]):
+        return None
+    i = at + 1
+    start = i
+    while i < len(toks) and toks[i].startswith("-"):
+        word = toks[i]
+        if word.startswith("--"):
+            i += 1 if "=" in word or word in SRUN_FLAGS else 2
+        else:
+            i += 2 if len(word) == 2 and word[1] in SRUN_VALUED else 1
+    return toks[start:i], i
+
+
+def _exported(script: Script, name: str, before: Command) -> bool:
+    """name is in the environment of the command: set on it, or exported by an earlier line."""
+    if any(t.startswith(name + "=") for t in before.tokens[:before.tokens.index("srun")]):
+        return True
+    for cmd in script.commands:
+        if cmd.first >= before.first:
+            break
+        if cmd.tokens[0] in ("export", "declare", "typeset") and any(
+                t == name or t.startswith(name + "=") for t in cmd.tokens[1:]):
+            if cmd.tokens[0] == "export" or "-x" in cmd.tokens:
+                return True
+    return False
+
+
+def _starts_training(cmd: Command, program: int) -> str | None:
+    """What srun starts, when it is torchrun or Python: "torchrun" or the interpreter word."""
+    words = [t for t in cmd.tokens[program:] if not re.match(r"^\w+=", t) and t not in WRAPPERS]
+    first = words[0] if words else ""
+    if launcher(cmd) or first.rsplit("/", 1)[-1] == "torchrun":
+        return "torchrun"
+    if "python" in first.lower() or re.fullmatch(r"\$\{?\w*PY\w*\}?", first, re.I):
+        return first
+    return None
+
+
+@rule("DDP109", "srun starts the training without --cpus-per-task while the job asks for several CPUs a task: "
+      "SLURM 22.05 to 23.02 do not pass the batch's --cpus-per-task on to srun, so where a site binds tasks to "
+      "CPUs each task runs on 1 CPU and training slows many-fold.",
+      fix="srun --cpus-per-task=$SLURM_CPUS_PER_TASK ... (or export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK "
+          "before srun)",
+      section="slurm", kind="shell")
+def srun_without_cpus(script: Script):
+    cpus = sbatch(script, "--cpus-per-task", "-c")
+    if not (cpus and cpus.isdigit() and int(cpus) > 1):
+        return
+    for cmd in script.commands:
+        found = _srun(cmd)
+        what = _starts_training(cmd, found[1]) if found else None
+        if not what or _exported(script, "SRUN_CPUS_PER_TASK", cmd):
+            continue
+        given = [w for w in found[0] if w.split("=")[0] in ("--cpus-per-task", "-c") or re.fullmatch(r"-c\d+", w)]
+        if not given:
+            hit = _at(script, cmd, "srun")
+            hit.message = (f"srun starts {what} without --cpus-per-task while the job asks for --cpus-per-task="
+                           f"{cpus}: SLURM 22.05-23.02 do not pass it on, and where tasks are bound to CPUs each "
+                           "gets 1; give srun --cpus-per-task=$SLURM_CPUS_PER_TASK.")
+            yield hit
