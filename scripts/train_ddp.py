@@ -37,7 +37,8 @@ What it gets right (each one a classic DDP bug when missing):
 - resume continues mid-epoch at the exact batch, so crash + restart == uninterrupted run;
 - the DDP model is released before the process group is destroyed (see main()).
 
-The task (--task classification | regression) is one class, Task: its targets, loss and metrics.
+The task (--task classification | regression) is one class, Task: its targets, loss and metrics,
+how a batch reaches the model (tuples or dicts, keyword models, a collate_fn), and the data's checks.
 
 Metrics (--metrics-out, JSON lines appended by rank 0, each with "kind" and "attempt"):
 config, train, eval, ckpt, resume, final. --profile-steps A:B writes a torch.profiler trace of
@@ -350,57 +351,163 @@ class ResumableSampler(DistributedSampler):
 
 # ---------------------------------------------------------------- the task: targets, loss, metrics
 class Task:
-    """What the model learns, in one place: adapting the script to another task is changing this class.
+    """What the model learns and how a batch reaches it, in one place: adapting the script to another
+    task or another shape of data is changing this class (or a subclass of it), never the loops.
 
-    classification: targets are class indices, torch.long shaped (N,), in [0, outputs); cross-entropy;
-    loss and accuracy. regression: targets are torch.float32 shaped (N, outputs), as the model's
-    output is; mean squared error; loss (MSE) and RMSE, the square root of the global mean."""
+    A sample is (input, target), or a dict whose "labels" entry is the target and whose other entries
+    are the model's keyword arguments. classification: class indices, torch.long, one per sample (N,)
+    or one per position (N, T) against outputs (B, T, classes); -100 marks a position that counts
+    nowhere (padding); cross-entropy; loss and accuracy. regression: torch.float32 shaped as the
+    model's output, (N, outputs) or (N, T, outputs); mean squared error; loss (MSE) and RMSE."""
+
+    collate_fn = None  # how samples become a batch, in both loaders; None: torch's default_collate
+    labels = "labels"  # a dict sample's target
+    probe_samples = 64  # samples read to check a Dataset that is not a TensorDataset
 
     def __init__(self, kind: str, outputs: int):
-        self.kind, self.outputs = kind, outputs
+        self.kind, self.outputs, self.shape, self.example = kind, outputs, None, None
 
     def __str__(self):  # the start line's words for the model's output
         return f"{self.outputs} classes" if self.kind == "classification" else f"regression, {self.outputs} output(s)"
 
+    # ------------------------------------------------ how a batch reaches the device and the model
+    def to_device(self, batch, device):
+        """Every tensor of the batch on `device`, in tuples, lists and dicts alike."""
+        if isinstance(batch, dict):
+            return {k: self.to_device(v, device) for k, v in batch.items()}
+        if isinstance(batch, (list, tuple)):
+            return type(batch)(self.to_device(v, device) for v in batch)
+        return batch.to(device, non_blocking=True) if torch.is_tensor(batch) else batch
+
+    def inputs(self, batch):
+        return {k: v for k, v in batch.items() if k != self.labels} if isinstance(batch, dict) else batch[0]
+
+    def target(self, batch):
+        return batch[self.labels] if isinstance(batch, dict) else batch[1]
+
+    def forward(self, model, batch):
+        """The model's output for a batch: called with a dict's entries as keywords, else with the input."""
+        x = self.inputs(batch)
+        return model(**x) if isinstance(x, dict) else model(x)
+
+    def batch(self, dataset, n):
+        return (self.collate_fn or default_collate)([dataset[i] for i in range(min(n, len(dataset)))])
+
+    # ------------------------------------------------ loss and metrics
     def loss(self, out, y, reduction="mean"):
-        if self.kind == "classification":
-            return F.cross_entropy(out, y, reduction=reduction)
+        if self.kind == "classification":  # (B, classes) against (B,), or (B, T, classes) against (B, T)
+            return F.cross_entropy(out.flatten(0, -2), y.flatten(), reduction=reduction)
         return F.mse_loss(out, y, reduction=reduction)
 
-    def check_target(self, dataset) -> str | None:
-        """The one-line fix when the targets do not fit the task: all of them when that is cheap, else
-        the first. A wrong shape trains without an error: (N,) targets against (B, 1) outputs
-        broadcast to a (B, B) loss."""
-        y = (dataset.tensors[-1] if isinstance(dataset, TensorDataset) else torch.as_tensor(dataset.targets)
-             if hasattr(dataset, "targets") else default_collate([dataset[0][1]]))  # batched as the loader does
-        want = "torch.long shaped (N,)" if self.kind == "classification" else f"torch.float32 shaped (N, {self.outputs})"
-        if self.kind == "classification" and (y.dtype != torch.long or y.dim() != 1):
-            return (f"classification targets are class indices, {want}; these are {y.dtype} shaped "
-                    f"{tuple(y.shape)}: build them with torch.tensor(labels, dtype=torch.long), or use --task regression")
-        if self.kind == "classification" and len(y) and not 0 <= y.min() <= y.max() < self.outputs:
-            return (f"class labels must be in [0, {self.outputs}) for {self.outputs} classes, these span "
-                    f"{y.min().item()} to {y.max().item()}: number the classes from 0, or return their number from build_data")
-        if self.kind == "regression" and y.dtype != torch.float32:
-            return (f"regression targets are {y.dtype}, the model's output torch.float32: build them with "
-                    "torch.tensor(y, dtype=torch.float32)")
-        if self.kind == "regression" and tuple(y.shape[1:]) != (self.outputs,):
-            return (f"regression targets shaped {tuple(y.shape)} would broadcast against outputs shaped "
-                    f"(batch, {self.outputs}): want {want}, e.g. y.reshape(-1, {self.outputs})")
-        return None
-
     def sums(self, out, y):
-        """One evaluation batch: [loss sum, correct answers (or target values), samples]."""
-        second = (out.argmax(1) == y).sum() if self.kind == "classification" else torch.tensor(y.numel())
-        return torch.stack([self.loss(out, y, reduction="sum").double(), second.double().to(out.device),
-                            torch.tensor(float(len(y)), dtype=torch.float64, device=out.device)])
+        """One evaluation batch, summed (any number of sums: evaluate all-reduces what this returns).
+        classification: [loss sum, correct, targets, samples]; regression: [loss sum, target values, samples]."""
+        middle = [y.numel()]
+        if self.kind == "classification":
+            counted = y != -100  # cross_entropy's ignore_index: padding counts nowhere
+            middle = [((out.argmax(-1) == y) & counted).sum(), counted.sum()]
+        sums = [self.loss(out, y, reduction="sum"), *middle, len(y)]
+        return torch.stack([torch.as_tensor(s, device=out.device).double() for s in sums])
 
     def metrics(self, stats) -> dict:
         """From the sums of every rank (all-reduced): RMSE is the square root of the global mean
         squared error, never a mean of each rank's RMSE."""
-        total, second, count = stats.tolist()
         if self.kind == "classification":
-            return {"loss": total / count, "acc": second / count, "count": int(count)}
-        return {"loss": total / second, "rmse": math.sqrt(total / second), "count": int(count)}
+            total, correct, targets, count = stats.tolist()
+            return {"loss": total / targets, "acc": correct / targets, "count": int(count)}
+        total, values, count = stats.tolist()
+        return {"loss": total / values, "rmse": math.sqrt(total / values), "count": int(count)}
+
+    def describe(self, scores) -> str:
+        return " ".join(f"{k} {v:.4f}" for k, v in scores.items() if k != "count") + f" ({scores['count']} samples)"
+
+    # ------------------------------------------------ the data, checked before its first use
+    def check_data(self, splits: dict, world_size: int) -> str | None:
+        """The one-line fix when a split cannot train or be evaluated, else None (and self.shape is one
+        input sample's shape, self.example the first training samples, batched)."""
+        for name, data in splits.items():
+            if len(data) < (1 if name == "training" else world_size):  # every rank evaluates at least one
+                return (f"the {name} set has {len(data)} sample(s){f' for {world_size} ranks' * bool(len(data))}: "
+                        f"build_data must return at least {1 if name == 'training' else world_size}; check its "
+                        "path and split, or hold out more samples")
+            if problem := self.check_split(name, data):
+                return problem
+        return None
+
+    def check_split(self, name, data) -> str | None:
+        try:  # the first samples, batched as the loaders will batch them
+            batch = self.batch(data, self.probe_samples)
+        except (RuntimeError, TypeError) as e:
+            return (f"the {name} samples cannot be batched ({str(e).splitlines()[0][:120]}): give them one shape, "
+                    "or set Task.collate_fn to a function that pads them (docs/train_ddp.md)")
+        x, y = self.inputs(batch), self.target(batch)
+        if name == "training":
+            first = self.inputs(self.batch(data, 1))
+            self.shape = (tuple((k, *v.shape[1:]) for k, v in first.items()) if isinstance(first, dict)
+                          else tuple(first.shape[1:]))  # one sample's shape, read from the data itself
+            self.example = self.batch(data, 2)
+        tensors = list(x.values()) if isinstance(x, dict) else [x]
+        if isinstance(data, TensorDataset):  # all of it, cheaply
+            tensors, y = list(data.tensors[:-1]), data.tensors[-1]
+        elif hasattr(data, "targets"):  # torchvision's data sets keep their labels in a list
+            y = data.targets
+        for t in tensors:
+            if torch.is_tensor(t) and t.is_floating_point() and t.dtype != torch.float32:  # numpy's float64
+                return (f"the inputs are {t.dtype}, the model float32: build the dataset from "
+                        "torch.tensor(X, dtype=torch.float32)")
+            if torch.is_tensor(t) and t.is_floating_point() and not t.isfinite().all():
+                return (f"the {name} inputs hold NaN or infinite values: drop or fill those samples in build_data "
+                        "(a constant feature divided by its standard deviation, 0, gives NaN: drop that feature, "
+                        "or divide by std.clamp_min(1e-6))")
+        return self.check_target(name, y)
+
+    def check_target(self, name, y) -> str | None:
+        """A wrong shape trains without an error: (N,) targets against (B, 1) outputs broadcast to a (B, B) loss."""
+        try:
+            y = torch.as_tensor(y)
+        except (TypeError, ValueError, RuntimeError):
+            y = None
+        if y is None or not (y.is_floating_point() or y.dtype in (torch.long, torch.int32, torch.int16, torch.uint8)):
+            return (f"the {name} targets are not numbers: map each label to its class index, e.g. torch.tensor("
+                    "[names.index(s) for s in labels], dtype=torch.long), and return len(names) from build_data")
+        if self.kind == "classification":
+            if y.dtype != torch.long:
+                return (f"classification targets are class indices, torch.long; these are {y.dtype}: build them "
+                        "with torch.tensor(labels, dtype=torch.long), or use --task regression")
+            y = y[y != -100]
+            if len(y) and not 0 <= y.min() <= y.max() < self.outputs:
+                return (f"class labels must be in [0, {self.outputs}) for {self.outputs} classes, these span "
+                        f"{y.min().item()} to {y.max().item()}: number the classes from 0, or return their number from build_data")
+            return None
+        if y.dtype != torch.float32:
+            return (f"regression targets are {y.dtype}, the model's output torch.float32: build them with "
+                    "torch.tensor(y, dtype=torch.float32)")
+        if y.dim() < 2 and self.outputs == 1:
+            return (f"regression targets shaped {tuple(y.shape)} would broadcast against outputs shaped "
+                    f"(batch, 1): want torch.float32 shaped (N, 1), e.g. y.reshape(-1, 1)")
+        if y.dim() < 2 or y.shape[-1] != self.outputs:
+            values = 1 if y.dim() < 2 else y.shape[-1]
+            return (f"regression targets shaped {tuple(y.shape)} hold {values} value(s) per sample, the model has "
+                    f"{self.outputs} output(s): return {values} from build_data (its third value)"
+                    + (", with y.reshape(-1, 1)" if y.dim() < 2 else ""))
+        return None
+
+    def check_output(self, model, device) -> str | None:
+        """The model's output on the first two training samples (no gradients, eval mode: nothing
+        changes) against their targets: a shape that cannot match, named before the first step."""
+        batch = self.to_device(self.example, device)
+        with torch.no_grad():
+            model.eval()
+            out, y = self.forward(model, batch), self.target(batch)
+        model.train()
+        want = (*y.shape, self.outputs) if self.kind == "classification" else tuple(y.shape)
+        if tuple(out.shape) == want:
+            return None
+        if out.shape[-1] != want[-1]:
+            return (f"the model gives {out.shape[-1]} values per prediction, the task wants {want[-1]}: "
+                    f"build the model's last layer with the outputs build_data returns ({self.outputs})")
+        return (f"the model's output is shaped {tuple(out.shape)} for targets shaped {tuple(y.shape)}, want "
+                f"{want}: one target per prediction (per sample, or per position of a sequence)")
 
 
 # ---------------------------------------------------------------- model
@@ -828,23 +935,23 @@ def workers_start(device, num_workers: int) -> str | None:
     return "forkserver" if num_workers > 0 and device.type == "cuda" else None
 
 
-def evaluation_loader(val_set, rank, world_size, num_workers, device):
+def evaluation_loader(val_set, rank, world_size, num_workers, device, collate_fn=None):
     """Every validation sample on exactly one rank (rank, rank + world_size, ...): no padding
     copies, which DistributedSampler adds to even out shards and which would count twice."""
     return DataLoader(Subset(val_set, range(rank, len(val_set), world_size)), batch_size=256,
                       num_workers=num_workers, persistent_workers=num_workers > 0,
-                      multiprocessing_context=workers_start(device, num_workers))
+                      multiprocessing_context=workers_start(device, num_workers), collate_fn=collate_fn)
 
 
 def evaluate(model, loader, device, amp_dtype, task):
     """The task's metrics over the whole validation set: {loss, acc or rmse, count}. `model` is the
     unwrapped model: ranks may hold different numbers of batches here, and DDP's forward expects them equal."""
     model.eval()
-    stats = torch.zeros(3, dtype=torch.float64, device=device)  # Task.sums: [loss sum, correct or values, count]
+    stats = 0  # Task.sums of every batch: as many sums as the first batch returns (every rank has one)
     with torch.no_grad(), autocast(device, amp_dtype):
-        for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            stats += task.sums(model(x).float(), y)
+        for batch in loader:
+            batch = task.to_device(batch, device)
+            stats = stats + task.sums(task.forward(model, batch).float(), task.target(batch))
     dist.all_reduce(stats)  # global sums, not rank 0's shard: the metrics come from these
     model.train()
     return task.metrics(stats)
@@ -917,6 +1024,42 @@ class StepProfiler:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             self.prof.export_chrome_trace(self.path)
             self.prof = None
+
+
+class StepLog:
+    """After every optimizer step: the train record and rank 0's line (every --log-every steps, at the
+    last and at every skipped step), the progress bar, and the non-finite guard, which stops a run after
+    --max-skipped-steps skipped steps in a row, or at its end if it skipped every step it took."""
+
+    def __init__(self, args, window, metrics, bar, is_main, step, resumed, max_steps, end):
+        self.args, self.window, self.metrics, self.bar, self.is_main = args, window, metrics, bar, is_main
+        self.max_steps, self.last = max_steps, min(max_steps, end)  # where --max-steps, or the data, ends the run
+        self.partial = step if resumed and step % args.log_every else None  # the first record then averages fewer steps
+        self.in_a_row, self.first_step = 0, step  # optimizer steps skipped in a row (non-finite); where this run began
+
+    def step(self, step, epoch, lr_used, grad_norm, skipped, scaler):
+        # fp16: GradScaler skips steps while it lowers its scale from 65536 to one that fits; a skip at a
+        # scale of 1 or less (or with no scaler) means the loss or the gradients themselves are not finite
+        self.in_a_row = self.in_a_row + 1 if skipped and scaler.get_scale() <= 1 else 0
+        if self.bar:
+            self.bar.update(1)
+        if step % self.args.log_every == 0 or step == self.max_steps or skipped:  # a skip is always recorded
+            n = self.window.steps  # the steps this record averages
+            rec = self.window.record(step=step, epoch=epoch, lr=lr_used, grad_norm=grad_norm.item(),
+                                     skipped=skipped, steps=n)
+            self.metrics.write("train", **rec)
+            since = (f" (loss of the {n} step{'s' * (n != 1)} since the resume at step {self.partial}; an "
+                     f"uninterrupted run's record averages {self.args.log_every})") if self.partial is not None else ""
+            say(self.bar, self.is_main, f"step {step} epoch {epoch} loss {rec['loss']:.4f} lr {lr_used:.4g} "
+                f"{rec['samples_per_s']:.0f} samples/s" + (" (skipped: non-finite gradients)" if skipped else "")
+                + since)
+            self.partial = None
+        # the same count on every rank (the gradients were all-reduced); never exit 0 having trained nothing
+        stuck = self.in_a_row == step - self.first_step and step >= self.last  # every step of this run skipped
+        if self.in_a_row >= self.args.max_skipped_steps or stuck:
+            raise UsageError(f"{self.in_a_row} optimizer step(s) in a row skipped, up to step {step}: the loss or the "
+                             "gradients are not finite. Lower --lr, standardise the inputs and regression targets "
+                             "(docs/train_ddp.md), or clip with --clip-grad-norm; --max-skipped-steps K allows more")
 
 
 class Window:
@@ -997,20 +1140,16 @@ def train(args, rank, world_size, device, backend):
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)  # torchrun's restart count
     is_main = rank == 0
     train_set, val_set, outputs = build_data(args, rank)
-    task = Task(args.task, outputs)
-    shape = tuple(train_set[0][0].shape)  # one input sample's shape, read from the data itself
-    if train_set[0][0].is_floating_point() and train_set[0][0].dtype != torch.float32:  # numpy's float64
-        raise UsageError(f"the inputs are {train_set[0][0].dtype}, the model float32: build the dataset "
-                         "from torch.tensor(X, dtype=torch.float32)")
-    for data in (train_set, val_set):  # the same data, so the same verdict, on every rank
-        if problem := task.check_target(data):
-            raise UsageError(problem)
-    agree(check_start(args, world_size, train_set, is_main))
+    task = Task(args.task, outputs)  # the targets, the loss, the metrics, and how a batch reaches the model
+    data_problem = task.check_data({"training": train_set, "validation": val_set}, world_size)
+    agree(check_start(args, world_size, train_set, is_main) or data_problem)
+    shape = task.shape  # one input sample's shape, read from the data itself
     fit_batch(args, len(train_set), world_size, is_main)  # before anything derives from the batch size
 
     torch.manual_seed(args.seed)  # identical init on every rank (DDP also broadcasts rank 0's)
     random.seed(args.seed)
     raw_model = build_model(args, shape, outputs).to(device)  # unwrapped: what checkpoints hold
+    agree(task.check_output(raw_model, device))  # its output against the targets, before the first step
     if args.sync_bn:
         raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(raw_model)
     # From here on each rank draws its own dropout masks and augmentations (the same stream on
@@ -1024,8 +1163,8 @@ def train(args, rank, world_size, device, backend):
     # persistent: one set of workers serves every epoch, not new processes (each with its setup) per epoch
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers,
                         persistent_workers=args.num_workers > 0, pin_memory=device.type == "cuda", generator=loader_rng,
-                        multiprocessing_context=workers_start(device, args.num_workers))
-    val_loader = evaluation_loader(val_set, rank, world_size, args.num_workers, device)
+                        multiprocessing_context=workers_start(device, args.num_workers), collate_fn=task.collate_fn)
+    val_loader = evaluation_loader(val_set, rank, world_size, args.num_workers, device, task.collate_fn)
     batches_per_epoch = math.ceil(sampler.num_samples / args.batch_size)
     steps_per_epoch = math.ceil(batches_per_epoch / args.accum_steps)
     optimizer, scheduler = build_optimizer(args, raw_model, world_size, steps_per_epoch)
@@ -1060,8 +1199,7 @@ def train(args, rank, world_size, device, backend):
     bar = progress_bar(args.progress, min(max_steps, end), step, is_main)
     per_batch = args.batch_size * world_size  # samples all ranks use per batch
     window = Window(device)
-    partial = step if resumed and step % args.log_every else None  # the first record then averages fewer steps
-    in_a_row, first_step = 0, step  # optimizer steps skipped in a row (non-finite); where this run began
+    log = StepLog(args, window, metrics, bar, is_main, step, resumed, max_steps, end)
     loader_rng.manual_seed(rank_seed(args.seed, rank) + epoch)  # workers' seeds, once: the workers persist
     profiler = StepProfiler(args.profile_steps, args.profile_dir, rank, device)
     profiler.update(step)
@@ -1070,12 +1208,13 @@ def train(args, rank, world_size, device, backend):
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         sampler.start = position  # samples of this epoch's order already used, by all ranks together
         batches, i = math.ceil(len(sampler) / args.batch_size), 0  # this rank's batches left in the epoch
-        for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        for batch in loader:
+            batch = task.to_device(batch, device)
+            y = task.target(batch)
             sync = is_sync_step(i, args.accum_steps, batches)
             with contextlib.nullcontext() if sync else model.no_sync():  # all-reduce once per group
                 with autocast(device, amp_dtype):
-                    loss = task.loss(model(x), y) / group_size(i, args.accum_steps, batches)
+                    loss = task.loss(task.forward(model, batch), y) / group_size(i, args.accum_steps, batches)
                 scaler.scale(loss).backward()  # the loss is the group's mean: / group_size above
             window.add(loss.detach(), len(y))
             i += 1
@@ -1086,28 +1225,8 @@ def train(args, rank, world_size, device, backend):
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             step, window.steps = step + 1, window.steps + 1
-            # fp16: GradScaler skips steps while it lowers its scale from 65536 to one that fits; a skip at a
-            # scale of 1 or less (or with no scaler) means the loss or the gradients themselves are not finite
-            in_a_row = in_a_row + 1 if skipped and scaler.get_scale() <= 1 else 0
             profiler.update(step)
-            if bar:
-                bar.update(1)
-            if step % args.log_every == 0 or step == max_steps or skipped:  # a skip is always recorded
-                n = window.steps  # the steps this record averages
-                rec = window.record(step=step, epoch=epoch, lr=lr_used, grad_norm=grad_norm.item(), skipped=skipped,
-                                    steps=n)
-                metrics.write("train", **rec)
-                since = (f" (loss of the {n} step{'s' * (n != 1)} since the resume at step {partial}; "
-                         f"an uninterrupted run's record averages {args.log_every})") if partial is not None else ""
-                say(bar, is_main, f"step {step} epoch {epoch} loss {rec['loss']:.4f} lr {lr_used:.4g} "
-                    f"{rec['samples_per_s']:.0f} samples/s" + (" (skipped: non-finite gradients)" if skipped else "")
-                    + since)
-                partial = None
-            # the same count on every rank (the gradients were all-reduced); never exit 0 having trained nothing
-            if in_a_row >= args.max_skipped_steps or in_a_row == step - first_step and step >= min(max_steps, end):
-                raise UsageError(f"{in_a_row} optimizer step(s) in a row skipped, up to step {step}: the loss or the "
-                                 "gradients are not finite. Lower --lr, standardise the inputs and regression targets "
-                                 "(docs/train_ddp.md), or clip with --clip-grad-norm; --max-skipped-steps K allows more")
+            log.step(step, epoch, lr_used, grad_norm, skipped, scaler)  # a record, a line; a diverged run stopped
             if last_pt and step % args.save_every == 0:
                 save_checkpoint(last_pt, stateful, (epoch, position + i * per_batch, step), spec, run_config, device, saved_step)
                 saved_step = step
@@ -1120,8 +1239,7 @@ def train(args, rank, world_size, device, backend):
             sync_buffers(raw_model)  # every rank evaluates the same model
             scores = evaluate(raw_model, val_loader, device, amp_dtype, task)
         metrics.write("eval", epoch=epoch, step=step, **scores)
-        say(bar, is_main, f"eval epoch {epoch} step {step}: " + " ".join(
-            f"{k} {v:.4f}" for k, v in scores.items() if k != "count") + f" ({scores['count']} samples)")
+        say(bar, is_main, f"eval epoch {epoch} step {step}: {task.describe(scores)}")
         epoch, position = (epoch + 1, 0) if i >= batches else (epoch, position + i * per_batch)
     profiler.finish()
     if bar:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import TensorDataset
 
 from ddp_lab.engine import launch
 
@@ -25,6 +26,8 @@ SMALL = ["--dataset", "synthetic", "--synthetic-shape", "8", "--synthetic-size",
 STANDARDISE = "        y = ((y - y[:n].mean()) / y[:n].std()).reshape(-1, 1)"
 SYNTHETIC_X = "        X = torch.randn(n + n_val, *shape, generator=g)"
 TEN_CLASSES = "            return TensorDataset(X[:n], y[:n]), TensorDataset(X[n:], y[n:]), 10\n"
+ONE_OUTPUT = "        return TensorDataset(X[:n], y[:n]), TensorDataset(X[n:], y[n:]), 1\n"
+MSE = "        return F.mse_loss(out, y, reduction=reduction)"
 
 
 def load_module():
@@ -144,15 +147,128 @@ def test_bad_labels_under_torchrun_are_rank_0s_one_line(tmp_path):
 def test_check_target_reads_torchvision_style_targets_and_other_datasets():
     mod = load_module()
     folder = type("Folder", (), {"targets": [0, 1, 2, 7]})()  # ImageFolder and CIFAR10 keep .targets
-    assert "these span 0 to 7" in mod.Task("classification", 3).check_target(folder)
-    assert mod.Task("classification", 8).check_target(folder) is None
-    pairs = [(torch.zeros(4), 1.5)]  # any Dataset: its first target, batched as the loader does (float64)
-    assert "torch.float64" in mod.Task("regression", 1).check_target(pairs)
+    assert "these span 0 to 7" in mod.Task("classification", 3).check_target("training", folder.targets)
+    assert mod.Task("classification", 8).check_target("training", folder.targets) is None
+    pairs = [(torch.zeros(4), 1.5)]  # any Dataset: its first samples, batched as the loader does (float64)
+    assert "torch.float64" in mod.Task("regression", 1).check_data({"training": pairs}, 1)
 
 
 def test_regression_on_a_classification_dataset_is_refused(tmp_path):
     error = one_error(run(SCRIPT, "--task", "regression", "--dataset", "digits", cwd=tmp_path))
     assert "--dataset digits has class labels" in error and "--task classification" in error
+
+
+# ---------------------------------------------------------------- data that cannot train, named before its first use
+@pytest.mark.parametrize("old,new,flags,needles", [
+    pytest.param(TEN_CLASSES, TEN_CLASSES.replace("TensorDataset(X[n:], y[n:])", "TensorDataset(X[n:n], y[n:n])"),
+                 [], ["the validation set has 0 sample(s)", "check its path and split"], id="empty-split"),
+    pytest.param(SYNTHETIC_X, SYNTHETIC_X + "\n        X[:, 0] = 1.0\n        X = (X - X.mean(0)) / X.std(0)",
+                 [], ["training inputs hold NaN or infinite values", "std.clamp_min"], id="constant-column"),
+    pytest.param(STANDARDISE, STANDARDISE + ".repeat(1, 4)", ["--task", "regression"],
+                 ["shaped (424, 4) hold 4 value(s) per sample, the model has 1 output(s)", "return 4 from build_data"],
+                 id="4-columns-1-output"),
+])
+def test_data_that_cannot_train_is_one_line_naming_its_fix(tmp_path, old, new, flags, needles):
+    copy = patched(tmp_path, old, new)
+    error = one_error(run(copy, *SMALL, *flags, "--max-steps", 1, "--ckpt-dir", tmp_path / "ck", cwd=tmp_path))
+    for needle in needles:
+        assert needle in error, error
+    assert "standardise" not in error and "reshape" not in error, error  # not a fix for these
+    assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").iterdir())
+
+
+def test_three_outputs_for_four_target_columns_names_the_outputs_not_a_reshape():
+    mod = load_module()
+    y = torch.zeros(10, 4)
+    error = mod.Task("regression", 3).check_target("training", y)
+    assert "hold 4 value(s) per sample, the model has 3 output(s): return 4 from build_data" in error
+    assert "reshape" not in error
+    assert "y.reshape(-1, 1)" in mod.Task("regression", 1).check_target("training", torch.zeros(10))
+
+
+class Pairs(torch.utils.data.Dataset):
+    """A Dataset with no .targets (read through its samples), as a user's own data arrives."""
+
+    def __init__(self, xs, ys):
+        self.xs, self.ys = xs, ys
+
+    def __len__(self):
+        return len(self.xs)
+
+    def __getitem__(self, i):
+        return self.xs[i], self.ys[i]
+
+
+def test_each_check_reads_any_dataset_and_names_its_own_fix():
+    mod = load_module()
+    task = mod.Task("classification", 3)
+    xs = torch.randn(6, 4)
+    assert task.check_data({"training": Pairs(xs, [0, 1, 2, 0, 1, 2]), "validation": Pairs(xs[:2], [0, 1])}, 2) is None
+    assert task.shape == (4,) and task.example[0].shape == (2, 4)  # the input probe: one sample's shape
+    checks = {  # splits -> the words the one line must hold
+        "the training set has 0 sample(s)": {"training": Pairs(xs[:0], [])},
+        "3 sample(s) for 4 ranks": {"training": Pairs(xs, [0] * 6), "validation": Pairs(xs[:3], [0] * 3)},
+        "targets are not numbers: map each label to its class index": {"training": Pairs(xs, ["cat"] * 6)},
+        "class labels must be in [0, 3)": {"training": Pairs(xs, [0, 1, 2, 3, 0, 1])},
+        "inputs hold NaN or infinite values": {"training": Pairs(xs / torch.tensor([1.0, 1, 1, 0]), [0] * 6)},
+        "cannot be batched": {"training": Pairs([torch.zeros(3), torch.zeros(5)], [0, 1])},
+    }
+    for words, splits in checks.items():
+        error = task.check_data(splits, 4 if "4 ranks" in words else 1)
+        assert error and words in error and "\n" not in error, (words, error)
+
+
+class Tagger(torch.nn.Module):
+    """A model called with keywords: one prediction per token."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.out = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, tokens, mask):
+        return self.out(self.emb(tokens)) * mask.unsqueeze(-1)
+
+
+def test_the_seam_takes_dict_batches_and_keyword_models():
+    mod = load_module()
+    task = mod.Task("classification", 3)
+    samples = [{"tokens": torch.arange(5) % 10, "mask": torch.ones(5), "labels": torch.arange(5) % 3} for _ in range(4)]
+    assert task.check_data({"training": samples, "validation": samples}, 2) is None
+    assert task.shape == (("tokens", 5), ("mask", 5))
+    batch = task.to_device(task.example, torch.device("cpu"))
+    out = task.forward(Tagger(), batch)
+    assert out.shape == (2, 5, 3) and task.target(batch).shape == (2, 5)
+    assert task.check_output(Tagger(), torch.device("cpu")) is None
+    sums = task.sums(out, task.target(batch))  # [loss sum, correct, targets, samples]: 10 tokens, 2 samples
+    assert sums[2:].tolist() == [10, 2]
+    per_sequence = [dict(s, labels=torch.tensor(1)) for s in samples]  # one label per sequence, an output per token
+    task.check_data({"training": per_sequence}, 1)
+    assert "shaped (2, 5, 3) for targets shaped (2,)" in task.check_output(Tagger(), torch.device("cpu"))
+
+
+def test_evaluate_sizes_its_sums_from_the_task(tmp_path):
+    import torch.distributed as dist
+    mod = load_module()
+
+    class FiveSums(mod.Task):  # a metric of its own: the mean absolute error, from one more sum
+        def sums(self, out, y):
+            return torch.cat([super().sums(out, y), (out - y).abs().sum().double().reshape(1)])
+
+        def metrics(self, stats):
+            return {**super().metrics(stats[:3]), "mae": (stats[3] / stats[1]).item()}
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        x, y = torch.randn(20, 4), torch.randn(20, 1)
+        model = torch.nn.Linear(4, 1)
+        loader = mod.evaluation_loader(TensorDataset(x, y), 0, 1, 0, torch.device("cpu"))
+        scores = mod.evaluate(model, loader, torch.device("cpu"), None, FiveSums("regression", 1))
+    finally:
+        dist.destroy_process_group()
+    with torch.no_grad():
+        assert scores["mae"] == pytest.approx((model(x) - y).abs().mean().item(), rel=1e-6)
+        assert scores["rmse"] == pytest.approx((model(x) - y).pow(2).mean().sqrt().item(), rel=1e-6)
+    assert scores["count"] == 20
 
 
 # ---------------------------------------------------------------- the non-finite guard stops the run
@@ -170,8 +286,9 @@ def test_an_unscaled_target_stops_after_k_skipped_steps(tmp_path):
 
 
 def test_a_run_that_trained_nothing_never_exits_0(tmp_path):
-    # NaN inputs: every step is skipped; the run ends (--max-steps 2) before --max-skipped-steps is reached
-    copy = patched(tmp_path, SYNTHETIC_X, SYNTHETIC_X + ' * float("nan")')
+    # a loss that is NaN on every step: every step is skipped; the run ends (--max-steps 2) before
+    # --max-skipped-steps is reached
+    copy = patched(tmp_path, MSE, MSE.replace("reduction=reduction)", 'reduction=reduction) * float("nan")'))
     error = one_error(run(copy, *SMALL, "--task", "regression", "--max-steps", 2, cwd=tmp_path))
     assert "2 optimizer step(s) in a row skipped, up to step 2" in error, error
 

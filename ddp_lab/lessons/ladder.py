@@ -22,10 +22,11 @@ from ddp_lab.engine.launch import ROOT
 
 SCRIPTS = ROOT / "scripts"
 MAX_CHANGED = 160  # changed lines (added + removed, blank lines not counted) between two rungs
-MAX_CHANGED_TOP = 460  # train_ddp.py, the production rung: about 140 of its lines are sharded
-                       # checkpoints (--ckpt-format dcp, with its damage checks), about 120 the choice of
-                       # task (--task classification | regression: Task, its data, its checks), about 20
-                       # loader workers from a fork server on GPUs (workers_start), which no smaller rung needs
+MAX_CHANGED_TOP = 600  # train_ddp.py, the production rung: about 140 of its lines are sharded
+                       # checkpoints (--ckpt-format dcp, with its damage checks), about 230 the task seam
+                       # (--task: Task, how a batch of any shape reaches the model, its data checks, each a
+                       # one-line fix), about 60 StepLog (logging, the progress bar, the non-finite guard, out
+                       # of train()), about 20 loader workers from a fork server on GPUs (workers_start)
 
 
 @dataclass(frozen=True)
@@ -76,11 +77,12 @@ RUNGS = [
     Rung("train_ddp.py", "the production template",
          "A progress bar, torch.profiler traces, torch.compile, gradient compression, TF32, gradients as bucket views,\n"
          "a crash drill, sharded checkpoints (--ckpt-format dcp) for models too big to gather on one rank; "
-         "@record names a rank's traceback; classification or regression (Task), a diverged run stopped;\n"
+         "@record names a rank's traceback; a task seam (Task: classification or regression, tuples or dict\n"
+         "batches, keyword models, a collate_fn, every data check a one-line fix); a diverged run stopped (StepLog);\n"
          "loader workers from a fork server on GPUs.",
          ("parse_args", "step_range", "validate", "params_sha256", "progress_bar", "set_tf32", "wrap_model",
           "Task", "build_data", "evaluate", "run_spec", "workers_start", "evaluation_loader",
-          "StepProfiler", "say", "crash", "train", "main", "read_checkpoint", "file_fingerprint", "resume_state",
+          "StepProfiler", "StepLog", "say", "crash", "train", "main", "read_checkpoint", "file_fingerprint", "resume_state",
           "latest_checkpoint", "format_error", "resume", "save_checkpoint", "save_sharded", "load_sharded")),
 ]
 
