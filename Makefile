@@ -47,9 +47,10 @@ test: $(STAMP)
 e2e: $(STAMP)
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
-# Every notebook executed top to bottom, rendered to HTML handouts in build/workbook/.
+# Every notebook executed top to bottom, rendered to HTML handouts in build/workbook/ (the venv's bin/
+# first on PATH, as `make lab` runs them: the doctor finds its torchrun).
 workbook: $(STAMP)
-	$(PY) -m ddp_lab.engine.workbook build/workbook --store --workshop docs/workshop.md
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m ddp_lab.engine.workbook build/workbook --store --workshop docs/workshop.md
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_train.py
