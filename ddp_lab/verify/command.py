@@ -10,15 +10,19 @@ the environment: nothing in the script is edited) and compare the ranks:
                       order changes between epochs (DistributedSampler + set_epoch)
   replica-divergence  after every optimizer step, parameters (and buffers DDP does not
                       re-broadcast) are bitwise equal on every rank
+  rank-state          state kept outside the optimizer (an EMA of the weights, a teacher) is
+                      equal on every rank after each of the first steps
   comm-per-step       one gradient all-reduce per optimizer step (accumulation uses no_sync)
   lr-per-step         each LR scheduler steps at most once per optimizer step
   eval-count          an all-reduced evaluation count does not include DistributedSampler's padding
-  same-noise          the ranks' augmentation differs (the generators it draws from are not seeded alike)
+  same-noise          the ranks' augmentation, dropout and noise drawn in the training loop differ
+                      (the generators they draw from are not seeded alike)
   grad-scale          (--scaling) step 1's gradient on rank 0 equals a 1-rank run's on the same batch
   hang                a rank stopped making progress: the hang autopsy's diagnosis
   resume-mismatch     (--resume) killed at a step and relaunched, the script resumes from its
-                      own checkpoint to the same parameters as an uninterrupted run (every launch
-                      gets the same ARGS: a resume flag of the script's own goes after --)
+                      own checkpoint to the same parameters as an uninterrupted run, on every
+                      rank (every launch gets the same ARGS: a resume flag of the script's own
+                      goes after --)
 Each finding names the script's line where it shows; a clean report lists what was checked and
 what these checks cannot rule out.
 The script runs with its working directory in a scratch folder; relative paths in ARGS are

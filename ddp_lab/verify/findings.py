@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 
 from ddp_lab.verify.gates import quoted
 
-CATEGORIES = ("data-coverage", "replica-divergence", "comm-per-step", "lr-per-step", "eval-count", "same-noise",
-              "grad-scale", "resume-mismatch", "hang")
+CATEGORIES = ("data-coverage", "replica-divergence", "rank-state", "comm-per-step", "lr-per-step", "eval-count",
+              "same-noise", "grad-scale", "resume-mismatch", "hang")
 SHOW = 3  # tensors or indices named in a finding's evidence
 
 
@@ -331,9 +331,11 @@ def comm_per_step(records: dict, notes: list) -> list:
 
 LIMITS = (  # what these checks cannot see, whatever the run: said beside a clean report
     "augmentation noise drawn the same on every rank in DataLoader workers, or from a generator of its "
-    "own (only torch's and Python's global generators are watched, in a single-process loader), and "
-    "dropout masks drawn the same on every rank from a generator of the script's own, or after the first "
-    "2 training forwards",
+    "own (only torch's and Python's global generators are watched, in a single-process loader; numpy's "
+    "too between the first 4 steps), and dropout masks drawn the same on every rank from a generator of "
+    "the script's own, or after the first 2 training forwards",
+    "state kept outside the optimizer (an EMA, a teacher) that the script's frames do not hold (a closure, "
+    "a library object), or that diverges only after the first 4 steps",
     "a learning rate set by hand per micro-batch (param_group['lr'] = ...) instead of by an LR scheduler, "
     "or a scheduler stepped per micro-batch in a run of fewer than 3 optimizer steps",
     "a metric averaged as a mean of per-rank means, or a validation set that DistributedSampler pads "
@@ -348,10 +350,18 @@ def checked(records: dict, world: int) -> list:
     """What the checks compared in one run, each counted from its records (said in a clean report)."""
     out = []
     passes = _kind(records, "pass")
+    if not _training_loaders(records):
+        out.append("data-coverage: not observed: no DataLoader pass had an optimizer step in it (no training "
+                   "loader to compare)")
     for loader in sorted(_training_loaders(records)):
         by_rank = {r: [p for p in recs if p["loader"] == loader] for r, recs in passes.items()}
         k = min(map(len, by_rank.values()), default=0)
-        if len(by_rank) < world or not k or any(p["indices"] is None for ps in by_rank.values() for p in ps[:k]):
+        if len(by_rank) < world or not k:
+            out.append(f"data-coverage: loader {loader} not observed: it was not iterated on every rank")
+            continue
+        if any(p["indices"] is None for ps in by_rank.values() for p in ps[:k]):
+            out.append(f"data-coverage: loader {loader} not observed: a pass of more than {200_000:,} indices is "
+                       f"counted, not compared")
             continue
         n, _, of = _universe({r: ps[0] for r, ps in by_rank.items()})
         at = by_rank[min(by_rank)][0].get("at")
@@ -360,7 +370,9 @@ def checked(records: dict, world: int) -> list:
                    + ("; the order of each pass against the one before" if k > 1 else ""))
     steps = {r: [x for x in recs if not x.get("joined")] for r, recs in _kind(records, "step").items()}
     common = set.intersection(*({x["step"] for x in v} for v in steps.values())) if steps else set()
-    if len(steps) > 1 and common:
+    if not common:
+        out.append("replica-divergence: not observed: no optimizer step ran on every rank")
+    elif len(steps) > 1:
         last = steps[min(steps)][-1]
         buffers = len(last["buffers"]) if last.get("broadcast_buffers") is False else 0
         out.append(f"replica-divergence: {_count(len(last['params']), 'parameter tensor')}"
@@ -372,8 +384,9 @@ def checked(records: dict, world: int) -> list:
         n = max(map(len, counted.values()))
         out.append(f"comm-per-step: the gradient all-reduces before {'each of ' if n > 1 else ''}"
                    f"{_count(n, 'step')} on {_count(len(counted), 'rank')} ({' or '.join(map(str, rounds))} per step)")
+    from ddp_lab.verify import state
     from ddp_lab.verify import world as invariant
-    return out + invariant.checked(records)
+    return out + state.checked(records) + invariant.checked(records)
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:
@@ -382,7 +395,8 @@ def _count(n: int, one: str, many: str | None = None) -> str:
 
 def analyse(records: dict, world: int, notes: list) -> list:
     """Every finding the records show, in CATEGORIES order."""
+    from ddp_lab.verify import state
     from ddp_lab.verify import world as invariant
     return (data_coverage(records, world, notes) + replica_divergence(records, notes)
-            + comm_per_step(records, notes) + invariant.lr_per_step(records, notes)
+            + state.rank_state(records, world) + comm_per_step(records, notes) + invariant.lr_per_step(records, notes)
             + invariant.eval_count(records, world, notes) + invariant.same_noise(records, world, notes))

@@ -7,15 +7,18 @@ Three runs in the scratch folder, with the same arguments:
 2. again in a fresh folder, every rank SIGKILLed by itself right after optimizer step K (before
    the script can save again);
 3. relaunched in that folder: the script finds its checkpoint and resumes.
-The relaunched run's steps are then matched with the uninterrupted run's: its first step must
-equal the uninterrupted step it repeats, and every step after it too. Where one differs, the state
-before that step says what was not restored: the parameters, the optimizer state (momentum,
-Adam moments), the learning rate (the scheduler), the batch drawn (the data position); when all
-of them agree, what differs lies outside them (RNG: dropout, augmentation).
+The relaunched run's steps are then matched with the uninterrupted run's, each rank with its own:
+its first step must equal the uninterrupted step it repeats, and every step after it too. Where one
+differs, the state before that step on each rank says what was not restored, and on which rank:
+the parameters, the optimizer state (momentum, Adam moments), the learning rate (the scheduler),
+the batch drawn (the data position); when all of them agree, the global generators that start
+every launch in the same state (dropout, augmentation: a random state saved by rank 0 alone and
+loaded on every rank restores rank 0's stream only).
 """
 from __future__ import annotations
 
 from ddp_lab.verify.findings import Finding
+from ddp_lab.verify.state import GENERATORS
 
 
 def check(path, args, world, steps, kill_at, timeout, pg_timeout, scratch, report, full) -> list:
@@ -53,10 +56,17 @@ def check(path, args, world, steps, kill_at, timeout, pg_timeout, scratch, repor
     if e is not None:
         report.error = f"the relaunch after the kill at step {k} failed: {str(e).strip()}"
         return []
-    found = compare(a, c, k)
+    others = {r: (_steps(full, r), [x for x in resumed.get(r, []) if x.get("kind") == "step"])
+              for r in sorted(full) if r != 0}
+    # A generator the script never seeds (Python's, numpy's often) starts each launch elsewhere: only one
+    # that the killed run's step 1 found as the uninterrupted run's did is compared after the resume.
+    seeded = {r: {n for n, h in _steps(full, r).get(1, {}).get("rng_before", {}).items()
+                  if _steps(killed, r).get(1, {}).get("rng_before", {}).get(n) == h} for r in full}
+    found = compare(a, c, k, others, seeded)
     if not found:
         report.checked.append(f"resume-mismatch: killed after step {k} and relaunched; the relaunch's {len(c)} "
-                              f"steps, from step {_start(a, c)}, bitwise equal to the uninterrupted run's")
+                              f"steps, from step {_start(a, c)}, bitwise equal to the uninterrupted run's on each "
+                              f"of {1 + len(others)} ranks (each rank against its own uninterrupted steps)")
     return found
 
 
@@ -65,12 +75,15 @@ def _start(a: dict, c: list):
     return next((n for n, x in sorted(a.items()) if x["params"] == c[0]["params"]), None) if c else None
 
 
-def _steps(records) -> dict:
-    return {x["step"]: x for x in records.get(0, []) if x.get("kind") == "step"}
+def _steps(records, rank=0) -> dict:
+    return {x["step"]: x for x in records.get(rank, []) if x.get("kind") == "step"}
 
 
-def compare(a: dict, c: list, k: int) -> list:
-    """a: the uninterrupted run's steps {n: record}; c: the relaunched run's, in order; k: the kill."""
+def compare(a: dict, c: list, k: int, others: dict | None = None, seeded: dict | None = None) -> list:
+    """a: rank 0's uninterrupted steps {n: record}; c: rank 0's relaunched steps, in order; k: the kill;
+    others: {rank: (a, c)} of the other ranks, each compared with its own uninterrupted steps; seeded:
+    {rank: the generators that start every launch in the same state} (None: all of them)."""
+    ranks = {0: (a, c), **(others or {})}
     if not c:
         return [Finding("resume-mismatch", 0, k, "the relaunched run made no optimizer step",
                         f"the uninterrupted run made {max(a)} steps; the run killed at step {k} was relaunched",
@@ -86,8 +99,8 @@ def compare(a: dict, c: list, k: int) -> list:
                         "(its own flag, such as --resume), put that flag in ARGS after `--`: every launch, the "
                         "first one too, gets the same ARGS", c[0].get("at"))]
     if start is None:
-        return [_differs(a.get(k), c[0], k, f"the first step after the resume (expected: step {k}, the one "
-                                              f"after the checkpoint) equals no step of the uninterrupted run")]
+        return [_differs(ranks, seeded, 0, k, 0, f"the first step after the resume (expected: step {k}, the one "
+                                         f"after the checkpoint) equals no step of the uninterrupted run")]
     for i, x in enumerate(c):
         n = start + i
         if n not in a:
@@ -95,8 +108,11 @@ def compare(a: dict, c: list, k: int) -> list:
                             f"uninterrupted run ended: it makes {start - 1 + len(c)} steps in all",
                             f"it resumed at step {start} and made {len(c)} steps",
                             "save the position in the data (epoch, batch) and resume from it", x.get("at"))]
-        if x["params"] != a[n]["params"]:
-            return [_differs(a[n], x, n, f"step {n} after the resume differs from the uninterrupted run's")]
+        bad = [r for r, (ar, cr) in sorted(ranks.items())
+               if i < len(cr) and n in ar and cr[i]["params"] != ar[n]["params"]]
+        if bad:
+            return [_differs(ranks, seeded, i, n, bad[0], f"step {n} after the resume differs from the uninterrupted "
+                                                  f"run's")]
     if start - 1 + len(c) < max(a):
         return [Finding("resume-mismatch", 0, start + len(c),
                         f"the resumed run ends after step {start - 1 + len(c)}; the uninterrupted one after {max(a)}",
@@ -105,11 +121,49 @@ def compare(a: dict, c: list, k: int) -> list:
     return []
 
 
-def _differs(want, got, step, message) -> Finding:
+def _differs(ranks: dict, seeded: dict | None, i: int, step: int, rank: int, message: str) -> Finding:
+    """What differed before the step on each rank: its i-th relaunched step against its uninterrupted `step`."""
+    pairs = {r: (ar.get(step), cr[i]) for r, (ar, cr) in sorted(ranks.items()) if i < len(cr)}
+    want, got = pairs[rank]
     if want is None:
-        return Finding("resume-mismatch", 0, step, message, "-", "save and restore the whole training state",
+        return Finding("resume-mismatch", rank, step, message, "-", "save and restore the whole training state",
                        got.get("at"))
     names = [n for n in want["params"] if got["params"].get(n) != want["params"][n]]
+    causes, fixes, culprits = [], [], []
+    for r, (w, g) in pairs.items():
+        if w is None:
+            continue
+        found, fixed = _causes(w, g)
+        culprits += [r] * bool(found)
+        causes += [f"on rank {r}: {c}" if len(pairs) > 1 else c for c in found]
+        fixes += [f for f in fixed if f not in fixes]
+    if not causes:
+        rng = {r: [GENERATORS[n] for n, h in w.get("rng_before", {}).items() if g["rng_before"].get(n) != h
+                   and (seeded is None or n in seeded.get(r, ()))]
+               for r, (w, g) in pairs.items() if w is not None and g.get("rng_before")}
+        rng = {r: v for r, v in rng.items() if v}
+        culprits += list(rng)
+        if rng:
+            causes += [f"on rank {r}: the random state before the step ({', '.join(v)})" for r, v in rng.items()]
+            fixes.append("save and restore the RNG states (torch, numpy, random) of every rank, each its own"
+                         + (": a state saved by rank 0 alone and loaded on every rank restores rank 0's stream only"
+                            if 0 not in rng else ""))
+        else:
+            causes.append("nothing the step reads that is checked here: parameters, optimizer state, learning rate, "
+                          "batch and the global generators agree on every rank, so something else the step uses "
+                          "was not restored (a generator of the script's own?)")
+            fixes.append("save and restore every rank's whole training state")
+    if culprits and rank not in culprits:  # name the rank whose state was not restored
+        rank = culprits[0]
+        message += f"; what was not restored is rank {rank}'s"
+    elif len(pairs) > 1 and rank != 0:
+        message += f" on rank {rank}"
+    return Finding("resume-mismatch", rank, step, message,
+                   f"parameters differ: {', '.join(names[:3])}; what differed before the step: " + "; ".join(causes),
+                   "; ".join(fixes), got.get("at"))
+
+
+def _causes(want: dict, got: dict) -> tuple[list, list]:
     causes, fixes = [], []
     if got.get("pre_params") != want.get("pre_params"):
         causes.append("the parameters before the step (the model was not restored)")
@@ -125,10 +179,4 @@ def _differs(want, got, step, message) -> Finding:
         causes.append(f"the batch: it starts {got.get('batch_head')} after the resume, {want.get('batch_head')} "
                       f"uninterrupted (the data position)")
         fixes.append("save the epoch and the batch within it; call set_epoch and skip the batches done")
-    if not causes:
-        causes.append("nothing the step reads that is checked here: parameters, optimizer state, learning rate "
-                      "and batch agree, so the random numbers probably differ (dropout, augmentation)")
-        fixes.append("save and restore the RNG states (torch, numpy, random) of every rank")
-    return Finding("resume-mismatch", 0, step, message,
-                   f"parameters differ: {', '.join(names[:3])}; what differed before the step: " + "; ".join(causes),
-                   "; ".join(fixes), got.get("at"))
+    return causes, fixes

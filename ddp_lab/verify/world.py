@@ -123,7 +123,8 @@ def same_noise(records: dict, world: int, notes: list) -> list:
                                 "seed the data path per rank: torch.manual_seed(seed + rank) (and random.seed) after "
                                 "the model is built and wrapped (DDP copies rank 0's parameters anyway), or give the "
                                 "augmentation a torch.Generator seeded with seed + rank", x.get("at"))]
-    return same_masks(records, world)
+    from ddp_lab.verify.state import same_loop_noise
+    return same_masks(records, world) or same_loop_noise(records, world)
 
 
 def same_masks(records: dict, world: int) -> list:
@@ -159,22 +160,18 @@ def checked(records: dict) -> list:
         calls = max(len(v) for v in _kind(records, "sched").values())
         out.append(f"lr-per-step: {calls} scheduler.step() calls of {len(scheds)} LR scheduler"
                    f"{'s' if len(scheds) > 1 else ''} against the optimizer steps (at most 1 per step)")
+    else:
+        out.append("lr-per-step: not observed: the script stepped no LR scheduler")
     training = _training_loaders(records)
     evals = {x["loader"] for recs in _kind(records, "reduce").values() for x in recs if x["loader"] not in training}
     if evals:
         out.append(f"eval-count: the script's all-reduces after passes of evaluation loader "
                    f"{', '.join(map(str, sorted(evals)))} against the samples each rank drew, padding included")
-    training = _training_loaders(records)
-    watched = {(x["loader"], x["pass"], x["batch"]) for recs in _kind(records, "draw").values() for x in recs
-               if x["loader"] in training}
-    if watched:
-        out.append(f"same-noise: torch's and Python's global generators before and after loading each of "
-                   f"{len(watched)} training batches (the first 2 of each pass) on every rank")
-    forwards = {(x["ddp"], x["forward"]) for recs in _kind(records, "forward").values() for x in recs}
-    if forwards:
-        out.append(f"same-noise: torch's global generator before and after each of {len(forwards)} training "
-                   f"forward{'s' if len(forwards) > 1 else ''} of the DDP model (dropout) on every rank")
-    return out
+    else:
+        out.append("eval-count: not observed: the script all-reduced no small tensor after a pass of an "
+                   "evaluation loader")
+    from ddp_lab.verify.state import noise_checked
+    return out + noise_checked(records)
 
 
 # -- the gradient and the learning rate of step 1, N ranks against 1 ---------------------------------

@@ -15,7 +15,8 @@ imports torch and wraps, without changing what they compute:
 - every optimizer's step (torch's global step post-hook): a hash per parameter and per DDP buffer,
   the learning rates, the all-reduces since the previous step. With DDP_LAB_VERIFY_STEPS=N every
   rank stops after step N (a barrier, then exit status 0), all at the same step; before each step,
-  a hash of the parameters and of the optimizer state, and the batch the step drew (for --resume);
+  a hash of the parameters, of the optimizer state and of the global generators, and the batch the
+  step drew (for --resume);
   with DDP_LAB_VERIFY_KILL_AT=K every rank SIGKILLs itself right after step K; with
   DDP_LAB_VERIFY_FILES=1 rank 0 notes whether the script has written a file yet;
 - Join (uneven inputs): each all-reduce a rank out of data shadows counts as its step (marked
@@ -27,6 +28,8 @@ imports torch and wraps, without changing what they compute:
   the all-reduce) and the averaged one, and the batches the step drew; with DDP_LAB_VERIFY_FEED (a
   JSON file: loader, pass, items) that pass starts with those batches instead (verify --scaling);
 - LR schedulers' steps and the script's small all-reduces: _ddp_lab_verify_world.py;
+- after each of the first steps, a hash of the state the script keeps outside the optimizer (an EMA
+  copy of the model, tensors named ema/shadow/average): _ddp_lab_verify_state.py;
 - init_process_group: its timeout capped at DDP_LAB_VERIFY_PG_TIMEOUT seconds, so a hang fails fast;
 - the working directory: a rank starts in DDP_LAB_VERIFY_WORKDIR (verify's scratch folder).
 - with DDP_LAB_VERIFY_ONE_PER_NODE=1, each rank's LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and
@@ -173,6 +176,8 @@ class _Observer:
                 for key, value in sorted(optimizer.state.get(p, {}).items()):
                     state.update(f"{key}={_digest(hashlib, torch, value) if torch.is_tensor(value) else value}".encode())
         self.pre = {"pre_params": params.hexdigest(), "pre_opt": state.hexdigest(), "at": _user_line()}
+        import _ddp_lab_verify_state
+        self.pre["rng_before"] = _ddp_lab_verify_state.generators()  # loop draws; what a resume restored
         if self.steps == 0:
             self.first_step(optimizer)
         if self.current is not None:  # the batch this step was computed on: the latest one drawn
@@ -226,7 +231,14 @@ class _Observer:
             broadcast = bool(getattr(ddp, "broadcast_buffers", True))
             for n, b in ddp.module.named_buffers():
                 buffers[n] = _digest(hashlib, torch, b)
-        self.step_done({"broadcast_buffers": broadcast, "params": params, "buffers": buffers,
+        import _ddp_lab_verify_state
+        state = {}
+        if self.steps < _ddp_lab_verify_state.STEPS:  # what the script keeps outside the optimizer
+            from torch.nn.parallel import DistributedDataParallel
+            _user_line()  # (fills _LIBRARY)
+            state = {"state": _ddp_lab_verify_state.fingerprint(_digest, _LIBRARY, DistributedDataParallel, self.ddp),
+                     "rng_after": _ddp_lab_verify_state.generators()}
+        self.step_done({"broadcast_buffers": broadcast, "params": params, "buffers": buffers, **state,
                         "lr": [g.get("lr") if isinstance(g.get("lr"), (int, float)) else None
                                for g in optimizer.param_groups], **self.pre})
 
