@@ -20,16 +20,22 @@ _HARMLESS = {"print", "info", "debug", "warning", "warn", "error", "exception", 
              "item", "set_description", "set_postfix", "state_dict", "tolist", "str", "len", "round"}
 
 
-def rank_gate(path: str, prefer=frozenset()) -> tuple[int, str] | None:
-    """(line, code) of the first rank condition that keeps a call in `prefer` from the other ranks,
-    else of the first that keeps any call but logging and saving from them; None when there is none."""
+def parsed(path: str):
+    """(syntax tree, lines) of a script, or None when it cannot be read or parsed."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        tree = ast.parse(text)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return ast.parse(text), text.splitlines()
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError):
         return None
-    lines = text.splitlines()
+
+
+def rank_gate(path: str, prefer=frozenset()) -> tuple[int, str] | None:
+    """(line, code) of the first rank condition that keeps a call in `prefer` from the other ranks,
+    else of the first that keeps any call but logging and saving from them; None when there is none."""
+    if (found := parsed(path)) is None:
+        return None
+    tree, lines = found
     other = None
     for node in ast.walk(tree):
         for block in (getattr(node, name, None) for name in ("body", "orelse", "finalbody")):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from ddp_lab.verify.gates import _RANK, _line
+from ddp_lab.verify.gates import _RANK, _line, parsed
 from ddp_lab.verify.findings import Finding, _kind
 
 
@@ -49,13 +49,9 @@ def update_under_rank(path: str, name: str):
     """(line of the `if`, its code, line of the statement inside it that names `name`'s variable) for
     the first `if` on the rank whose body names it; None when the script has none."""
     base = name.split(".")[-1] if name.startswith("self.") else name.split(".")[0]
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        tree = ast.parse(text)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+    if (found := parsed(path)) is None:
         return None
-    lines = text.splitlines()
+    tree, lines = found
     for node in ast.walk(tree):
         if not isinstance(node, ast.If) or not _RANK.search(ast.unparse(node.test)):
             continue
