@@ -266,8 +266,10 @@ class Slurm:
         argv = [str(a) for a in argv]
         # Jobs inherit this environment (sbatch --export=ALL): gloo on the nodes' link, and no GPU,
         # as on the localhost cluster (NCCL between GPUs of one machine would bypass the link)
+        # and torchrun's per-rank logs in this cluster's folder, removed with it (else a torchelastic_*
+        # folder in the nodes' temp dir per job step, never removed)
         env = {"GLOO_SOCKET_IFNAME": netcluster.IFNAME, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable,
-               **(env or {})}
+               "PET_LOG_DIR": os.environ.get("PET_LOG_DIR") or str(self.dir / "torchelastic"), **(env or {})}
         a = self._ask({"run": argv, "cwd": str(cwd or launch.ROOT), "env": env, "timeout": timeout}, timeout + 15)
         done = subprocess.CompletedProcess(argv, a["code"], a["stdout"], a["stderr"])
         if check and done.returncode:
