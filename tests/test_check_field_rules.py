@@ -1,9 +1,9 @@
-"""ddp_lab.check rules DDP024-DDP027 (a data set downloaded on every rank, the lr scaled by the world
+"""ddp_lab.check rules DDP024-DDP028 (a data set downloaded on every rank, the lr scaled by the world
 size under a fixed global batch, a checkpoint torch.load refuses, FSDP2 accumulation that
-reduce-scatters every micro-step) and DDP009's barrier in a helper called on rank 0 only. Short
-snippets (broken code marked `# <-`, and correct look-alikes), then whole programs in
-tests/check_corpus/field/: each `<name>.py` has its bugs on known lines, and `<name>_clean.py` is
-the same program written correctly. Pure AST."""
+reduce-scatters every micro-step, a mid-epoch checkpoint without the position in the epoch) and
+DDP009's barrier in a helper called on rank 0 only. Short snippets (broken code marked `# <-`, and
+correct look-alikes), then whole programs in tests/check_corpus/field/: each `<name>.py` has its
+bugs on known lines, and `<name>_clean.py` is the same program written correctly. Pure AST."""
 from pathlib import Path
 
 import pytest
@@ -52,6 +52,19 @@ BROKEN = {
         "from torch.distributed.fsdp import fully_shard\nfully_shard(model)\nfor i, (x, y) in enumerate(loader):\n"
         "    crit(model(x), y).backward()  # <-\n    if (i + 1) % k == 0:\n        optimizer.step()",
         "fully_shard(model)\nfor micro in batches:\n    model(micro).sum().backward()  # <-\noptimizer.step()",
+    ],
+    "DDP028": [
+        "model = DDP(net)\nckpt = torch.load('c.pt')\nstep = ckpt['step']\nfor epoch in range(ckpt['epoch'], 3):\n"
+        "    for x, y in loader:\n        step += 1\n        if step % 100 == 0:\n"
+        "            torch.save({'model': model.module.state_dict(), 'step': step, 'epoch': epoch}, 'c.pt')  # <-",
+        # the dict filled in the loop, saved with torch.distributed.checkpoint
+        "model = DDP(net)\nstate = {'model': model.state_dict()}\ndcp.load(state, checkpoint_id=path)\n"
+        "for it, batch in enumerate(train_dataloader):\n    state['global_step'] = it\n    if it % k == 0:\n"
+        "        dcp.save(state, checkpoint_id=path)  # <-",
+        # the save in a helper called from the batch loop
+        "model = DDP(net)\ndef checkpoint(step):\n    torch.save({'iteration': step}, 'c.pt')  # <-\n"
+        "start = torch.load('c.pt')['iteration']\nfor step, (x, y) in enumerate(loader, start):\n"
+        "    if step % 500 == 0:\n        checkpoint(step)",
     ],
     # DDP009: a barrier of any object, in a helper called on rank 0 only
     "DDP009": [
@@ -123,6 +136,27 @@ LOOKALIKES = {
         "model = FSDP(net)\nfor i, x in enumerate(loader):\n    model(x).sum().backward()\n"
         "    if (i + 1) % k == 0:\n        optimizer.step()",
     ],
+    "DDP028": [
+        # saved after the epoch, outside the batch loop
+        "model = DDP(net)\nckpt = torch.load('c.pt')\nfor epoch in range(ckpt['epoch'], 3):\n    for x, y in loader:\n"
+        "        step += 1\n    torch.save({'epoch': epoch, 'step': step}, 'c.pt')",
+        # the batches done saved with the step, and skipped on resume
+        "model = DDP(net)\nckpt = torch.load('c.pt')\nstart = ckpt['batch']\n"
+        "for i, (x, y) in enumerate(itertools.islice(loader, start, None), start):\n"
+        "    torch.save({'step': step, 'batch': i + 1}, 'c.pt')",
+        # torchdata's StatefulDataLoader keeps its own position
+        "model = DDP(net)\nloader = StatefulDataLoader(data, batch_size=32)\nckpt = torch.load('c.pt')\n"
+        "loader.load_state_dict(ckpt['loader'])\nfor x in loader:\n"
+        "    torch.save({'step': step, 'loader': loader.state_dict()}, 'c.pt')",
+        # a sampler told where to start (the scripts' ResumableSampler)
+        "model = DDP(net)\nckpt = torch.load('c.pt')\nsampler.start = ckpt['samples_in_epoch']\nfor x in loader:\n"
+        "    torch.save({'step': step, 'samples_in_epoch': n}, 'c.pt')",
+        # no resume: the checkpoints are only for evaluation elsewhere
+        "model = DDP(net)\nfor step, x in enumerate(loader):\n    torch.save({'step': step}, f'c{step}.pt')",
+        # random batches each step: no position in an epoch (nanoGPT)
+        "model = DDP(net)\niter_num = torch.load('c.pt')['iter_num']\nwhile True:\n    X, Y = get_batch('train')\n"
+        "    torch.save({'iter_num': iter_num}, 'c.pt')",
+    ],
     "DDP009": [
         # the helper saves; the barrier is on every rank, after the if
         "def export(trainer, m):\n    torch.save(m.state_dict(), 'best.pt')\n"
@@ -143,6 +177,7 @@ PLANTED = {
     "lr_scaled_fixed_global_batch.py": [("DDP025", "lr = args.base_lr * world_size")],
     "fsdp2_accumulation.py": [("DDP027", "        loss.backward()\n    optimizer.step()"),
                               ("DDP027", "        loss.backward()\n        if (step")],
+    "mid_epoch_resume.py": [("DDP028", "                torch.save({")],
     "checkpoint_objects.py": [
         ("DDP026", '"args": args,'),
         ("DDP026", '"config": cfg}'),
@@ -191,7 +226,7 @@ def test_every_corpus_file_is_covered_and_has_a_clean_twin():
     on_disk = {p.name for p in FIELD.iterdir() if p.is_file()}
     assert on_disk == set(PLANTED) | {clean_twin(n) for n in PLANTED}
     rules = {rule for pairs in PLANTED.values() for rule, _ in pairs}
-    assert rules == {"DDP009", "DDP024", "DDP025", "DDP026", "DDP027"}
+    assert rules == {"DDP009", "DDP024", "DDP025", "DDP026", "DDP027", "DDP028"}
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))
@@ -227,6 +262,10 @@ def test_messages_say_what_goes_wrong_and_fixes_say_what_to_write():
     helper, loop = by_id("fsdp2_accumulation.py")["DDP027"]
     assert "reduce-scatters" in loop.message and "k-1 of every k" in loop.message
     assert "set_requires_gradient_sync(is_last)" in loop.fix and "ignore[DDP027]" in loop.fix
+    [resume] = by_id("mid_epoch_resume.py")["DDP028"]
+    assert "inside `for ... in loader:` (line 29)" in resume.message and "(torch.load, line 23)" in resume.message
+    assert "trains those batches twice" in resume.message
+    assert "islice" in resume.fix and "StatefulDataLoader" in resume.fix
     export, publish = by_id("barrier_in_rank0_callback.py")["DDP009"]
     assert "trainer.strategy.barrier() (line 15)" in export.message and "is_global_zero" in export.message
     assert "accelerator.wait_for_everyone() (line 26)" in publish.message
@@ -234,10 +273,10 @@ def test_messages_say_what_goes_wrong_and_fixes_say_what_to_write():
 
 def test_the_new_rules_are_documented_and_left_to_a_hand_by_fix():
     from ddp_lab.check import fix
-    for rule in ("DDP024", "DDP025", "DDP026", "DDP027"):
+    for rule in ("DDP024", "DDP025", "DDP026", "DDP027", "DDP028"):
         assert check.RULES[rule].see == f"docs/check.md#{rule.lower()}"
     findings = [f for name in PLANTED for f in check.check_file(FIELD / name)]
-    assert len(findings) == 10
+    assert len(findings) == 11
     assert fix.plan(findings) == ([], [])
 
 

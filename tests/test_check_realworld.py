@@ -46,6 +46,10 @@ CASES = [
     ("args in the checkpoint, read back with weights_only=False", "torchvision_style_args_in_checkpoint.py",
      "DDP026", []),
     ("FSDP2 accumulation inside accelerator.accumulate()", "accelerate_style_fsdp2_accumulation.py", "DDP027", []),
+    ("a checkpoint every k iterations of random batches: no epoch position to lose",
+     "nanogpt_style_random_batches.py", "DDP028", []),
+    ("the batch loop in a helper, the checkpoint saved after each epoch", "torchvision_style_epoch_checkpoint.py",
+     "DDP028", []),
 ]
 
 # Every file: all its findings, so no other rule fires on it either. *_fixed.py: the fix, quiet.

@@ -29,7 +29,7 @@ import json
 # importing the rule modules registers their rules
 from . import rules_accum, rules_amp, rules_ckpt, rules_more, rules_seed, rules_setup, rules_train, shell  # noqa: F401
 from . import rules_local  # noqa: F401  (DDP021-DDP023)
-from . import rules_field  # noqa: F401  (DDP024-DDP027)
+from . import rules_field  # noqa: F401  (DDP024-DDP028)
 from .core import RULES, SECTIONS, Finding, Rule
 from .files import (PYTHON_SUFFIXES, TOO_DEEP, Unreadable, check_file, ipynb, iter_files, python, read_python,
                     shell_script)

@@ -1,7 +1,7 @@
 """Rules for mistakes seen again and again in real training code: a data set downloaded by every
 rank at once, the learning rate scaled by the world size while the global batch stays the same,
-checkpoints holding objects that `torch.load(weights_only=True)` refuses, and FSDP2 accumulation
-that reduce-scatters on every micro-step."""
+checkpoints holding objects that `torch.load(weights_only=True)` refuses, FSDP2 accumulation
+that reduce-scatters on every micro-step, and a mid-epoch resume that starts the epoch over."""
 from __future__ import annotations
 
 import ast
@@ -320,3 +320,102 @@ def fsdp2_accumulation_without_sync_off(m: Module):
             f"{ast.unparse(via.func)}() runs backward() ({m.where(first)}) on every micro-step, and each "
             "reduce-scatters the gradients, but the optimizer steps every k, so k-1 of every k reduce-scatters "
             "are wasted."))
+
+
+# ------------------------------------------------------------ DDP028: a mid-epoch resume that restarts the epoch
+LOADER = re.compile(r"loader|(^|_)dl$", re.I)
+STEP_KEY = re.compile(r"step|iter", re.I)
+LOADS = ("torch.load", "dcp.load", "torch.distributed.checkpoint.load")
+# what a program that resumes mid-epoch keeps: a batch or sample position, a skip, a sampler that
+# starts late, a loader with a state_dict
+POSITION = re.compile(r"islice|skip|start_(index|batch|sample|step)|set_start|StatefulDataLoader|fast_forward|"
+                      r"(batch|sample)(es|s)?_(idx|index|offset|seen|in_epoch|done)|offset|position", re.I)
+
+
+def _loader_loop(m: Module, node):
+    """The `for ... in loader:` / `for i, b in enumerate(loader):` around node, in its function."""
+    for a in m.ancestors(node):
+        if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return None
+        if isinstance(a, (ast.For, ast.AsyncFor)) and any(
+                isinstance(n, (ast.Name, ast.Attribute)) and LOADER.search(_name(n)) for n in ast.walk(a.iter)):
+            return a
+    return None
+
+
+def _saved_keys(m: Module, obj, at) -> set:
+    """The string keys of the saved dict: a dict literal, the one its name was last bound to, and
+    `ckpt["k"] = v` stores into it."""
+    if isinstance(obj, ast.Dict):
+        return {k.value for k in obj.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    k = key(obj)
+    if k is None:
+        return set()
+    scope, out = m.scope(at), set()
+    bound = [v for line, v, _ in m.assignments(scope, k) if line < at.lineno and v is not None]
+    if bound and isinstance(bound[-1], ast.Dict):
+        out |= _saved_keys(m, bound[-1], at)
+    for n in m.walk_scope(scope):
+        if isinstance(n, ast.Assign) and n.lineno < at.lineno:
+            out |= {t.slice.value for t in n.targets if isinstance(t, ast.Subscript) and key(t.value) == k
+                    and isinstance(t.slice, ast.Constant) and isinstance(t.slice.value, str)}
+    return out
+
+
+def _keeps_position(m: Module) -> bool:
+    """The file saves or restores where in the epoch it was (see POSITION), or a loader's or sampler's
+    state, or a sampler told where to start (`sampler.start = ...`)."""
+    for n in m.nodes:
+        words = [n.id] if isinstance(n, ast.Name) else [n.attr] if isinstance(n, ast.Attribute) else \
+            [n.value] if isinstance(n, ast.Constant) and isinstance(n.value, str) else \
+            [n.name] if isinstance(n, (ast.FunctionDef, ast.ClassDef)) else []
+        if any(POSITION.search(w) for w in words):
+            return True
+        if isinstance(n, ast.Attribute) and n.attr == "start" and isinstance(n.ctx, ast.Store):
+            return True
+        if isinstance(n, ast.Call) and last(n) in ("state_dict", "load_state_dict") and \
+                isinstance(n.func, ast.Attribute) and re.search(r"loader|sampler", _name(n.func.value), re.I):
+            return True
+    return False
+
+
+def _called_in_loop(m: Module, node, depth: int = 0):
+    """The loader loop around node, or around a call of its function (helpers three deep)."""
+    loop, func = _loader_loop(m, node), m.function(node)
+    if loop is not None or func is None or depth > 2:
+        return loop
+    return next((lp for c in m.callers(func) if (lp := _called_in_loop(m, c, depth + 1)) is not None), None)
+
+
+def _mid_epoch_saves(m: Module):
+    """(save, loop): a torch.save / dcp.save inside a loader loop, or in a function called there."""
+    for call in m.calls:
+        name = dotted(call.func) or ""
+        if not (name == "torch.save" or last(call) == "save_on_master" or
+                name.endswith(".save") and name.split(".")[0] in ("dcp", "torch")) or not call.args:
+            continue
+        loop = _called_in_loop(m, call)
+        if loop is not None:
+            yield call, loop
+
+
+@rule("DDP028", "A checkpoint saved inside the batch loop holds the step but not the position in the epoch: the "
+      "resumed run starts the epoch's loader from its first batch, trains those batches twice and never sees "
+      "the epoch's last ones.",
+      fix="save the position in the epoch with the step (`'batch': i + 1`) and skip that many batches on resume "
+          "(`itertools.islice(loader, start, None)`), or use torchdata's StatefulDataLoader and save its "
+          "state_dict()")
+def mid_epoch_resume(m: Module):
+    if not m.is_ddp or _keeps_position(m):
+        return
+    loads = [c for c in m.calls if dotted(c.func) in LOADS]
+    if not loads:
+        return   # no resume: the checkpoints are only read by someone else
+    for save, loop in _mid_epoch_saves(m):
+        keys = _saved_keys(m, save.args[0], save)
+        if not any(STEP_KEY.search(k) for k in keys):
+            continue
+        yield Hit(save, f"{ast.unparse(save.func)}(...) saves the step inside `for ... in "
+                        f"{ast.unparse(loop.iter)}:` (line {loop.lineno}) but not the position in the epoch: the "
+                        f"resume ({ast.unparse(loads[0].func)}, line {loads[0].lineno}) starts the epoch's loader "
+                        "from its first batch, trains those batches twice and never sees the last ones.")
