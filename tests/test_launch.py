@@ -167,9 +167,11 @@ def test_threads_per_process_are_set_deliberately():
 def test_a_rank_that_exits_with_its_own_message_is_quoted(tmp_path):
     prog = tmp_path / "usage.py"
     prog.write_text(
-        "import os, sys\n"
+        "import os, sys, time\n"
         "if os.environ['RANK'] == '0':\n"
         "    print('error: --batch-size must be at least 1', file=sys.stderr)\n"
+        "else:  # as train_ddp.py does: the others wait, so rank 0's message is the first failure (two ranks\n"
+        "    time.sleep(30)  # exiting at once is a race torchrun may record either way); torchrun stops them\n"
         "sys.exit(2)\n")
     with pytest.raises(launch.LaunchError) as info:
         launch.torchrun(prog, nproc=2, stream=False)
