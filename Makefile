@@ -12,7 +12,7 @@ JOBS ?= 2
 STRESS_ARGS ?=
 GPU_CHECK_ARGS ?=
 
-.PHONY: lab test e2e workbook bench stress gpu-check clean
+.PHONY: lab lab-zh zh zh-status test e2e workbook bench stress gpu-check clean
 
 # Reinstall only when the dependency files change (or the venv is new).
 $(STAMP): pyproject.toml
@@ -40,6 +40,34 @@ lab: $(STAMP)
 		--LabApp.workspaces_dir=$(LAB_WORKSPACES) --LabApp.app_settings_dir=$(LAB_SETTINGS) \
 		--LabApp.default_url=/lab/tree/notebooks/00_first_launch.ipynb
 
+# The Chinese edition (notebooks/zh/), as `make lab` opens the English one, with JupyterLab's menus in
+# Chinese: its own settings (.jupyter-lab/zh/settings: the same defaults, locale zh_CN) and workspaces,
+# so `make lab` stays English. The menus need the language pack: pip install -e ".[zh]".
+LAB_ZH_WORKSPACES ?= build/lab-workspaces-zh
+lab-zh: $(STAMP)
+	@test -e notebooks/zh/00_first_launch.ipynb || { echo "no Chinese notebooks yet: make zh"; exit 1; }
+	@$(PY) -c "import jupyterlab_language_pack_zh_CN" 2>/dev/null || \
+		echo "menus in English: install the Chinese language pack with $(PY) -m pip install -e '.[zh]'"
+	@$(VENV)/bin/jupyter trust notebooks/zh/*.ipynb notebooks/zh/solutions/*.ipynb >/dev/null
+	@mkdir -p $(LAB_ZH_WORKSPACES)
+	@test -e $(LAB_ZH_WORKSPACES)/default-37a8.jupyterlab-workspace || \
+		sed 's#notebooks#notebooks/zh#g' .jupyter-lab/default-37a8.jupyterlab-workspace \
+		> $(LAB_ZH_WORKSPACES)/default-37a8.jupyterlab-workspace
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter lab --ServerApp.root_dir=. $(ROOT_ARG) $(LAB_ARGS) \
+		--LabApp.workspaces_dir=$(LAB_ZH_WORKSPACES) --LabApp.app_settings_dir=.jupyter-lab/zh/settings \
+		--LabApp.default_url=/lab/tree/notebooks/zh/00_first_launch.ipynb
+
+# notebooks/zh/ from the English notebooks and their catalogs; refuses while a cell is untranslated
+# or fuzzy (python -m ddp_lab.engine.zh build --draft previews with English left in place).
+zh: $(STAMP)
+	$(PY) -m ddp_lab.engine.zh build
+
+# What needs translating: the catalogs (notebooks/zh/locale/*.po) brought in step with the English
+# (new cells added, changed ones fuzzy), then each notebook's cells still to translate.
+zh-status: $(STAMP)
+	$(PY) -m ddp_lab.engine.zh update
+	$(PY) -m ddp_lab.engine.zh status
+
 test: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 
@@ -48,7 +76,8 @@ e2e: $(STAMP)
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 # Every notebook executed top to bottom, rendered to HTML handouts in build/workbook/ (the venv's bin/
-# first on PATH, as `make lab` runs them: the doctor finds its torchrun).
+# first on PATH, as `make lab` runs them: the doctor finds its torchrun); then the Chinese edition
+# rebuilt from the stored outputs and rendered, not executed, to build/workbook/zh/.
 workbook: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m ddp_lab.engine.workbook build/workbook --store --workshop docs/workshop.md
 

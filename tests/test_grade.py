@@ -14,7 +14,7 @@ import torch
 from grade_fixtures import (nb01_gradients, nb01_synced, nb02_evaluation, nb02_exact, nb03_bytes, nb03_ring,
                             nb04_clip, nb04_plan, nb05_accumulation, nb05_lr, nb06_atomic, nb06_checkpoint,
                             nb07_diff, nb07_unused, nb08_exposed, nb08_predict, nb09_memory, nb09_zero1, nb10_batch,
-                            nb10_torchrun, nb11_bf16, nb11_hook)
+                            nb10_torchrun, nb11_bf16, nb11_hook, nb12_ddp, nb12_speed, nb12_syncbn, nb12_zero)
 
 from ddp_lab import grade
 from ddp_lab.grade import core
@@ -27,15 +27,20 @@ FIXTURES = {"01.4": nb01_gradients, "01.5": nb01_synced, "02.4": nb02_evaluation
             "07.1": nb07_diff, "07.3": nb07_unused,
             "08.4": nb08_exposed, "08.5": nb08_predict, "09.5": nb09_zero1, "09.6": nb09_memory,
             "10.5": nb10_torchrun, "10.6": nb10_batch,
-            "11.1": nb11_bf16, "11.2": nb11_hook}
-CASES = [(eid, "good", None) for eid in FIXTURES] + \
+            "11.1": nb11_bf16, "11.2": nb11_hook,
+            "12.1": nb12_ddp, "12.2": nb12_speed, "12.3": nb12_zero, "12.4": nb12_syncbn}
+# A timed exercise's right answer gets a timing's verdict (passed, or blocked where the machine cannot
+# judge): its rules are tested on given timings below; its wrong answers are decided before any timing.
+TIMED = {"12.2"}
+CASES = [(eid, "good", None) for eid in FIXTURES if eid not in TIMED] + \
         [(eid, name, hint) for eid, mod in FIXTURES.items() for name, (_, hint) in mod.MISTAKES.items()]
 # A right answer passes whether it computes in float32 (torch's default) or float64: each numeric
 # exercise's fixture has PRECISIONS = {"float32": answer, "float64": answer}. These hand in no float:
 NO_FLOATS = {"01.5": "names of state_dict entries", "02.5": "sample indices",
              "04.5": "a dtype name and a flag", "06.4": "a checkpoint, compared bit for bit",
              "06.5": "a file written atomically", "07.1": "names of changed entries",
-             "07.3": "parameter names", "10.5": "torchrun's arguments", "11.1": "yes or no"}
+             "07.3": "parameter names", "10.5": "torchrun's arguments", "11.1": "yes or no",
+             "12.2": "a timing's verdict"}
 PRECISION_CASES = [(eid, dtype) for eid, mod in FIXTURES.items() for dtype in getattr(mod, "PRECISIONS", {})]
 
 
@@ -48,7 +53,16 @@ def grades_file(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def graded():
-    items = [(eid, f"{eid} good", mod.good) for eid, mod in FIXTURES.items()]
+    from ddp_lab.grade.exercises import nb12_speed as speed
+    cores, speed.cores = speed.cores, lambda: 64  # judge the timed exercise's wrong answers on any machine
+    try:
+        return _graded()
+    finally:
+        speed.cores = cores
+
+
+def _graded():
+    items = [(eid, f"{eid} good", mod.good) for eid, mod in FIXTURES.items() if eid not in TIMED]
     items += [(eid, f"{eid} in {dtype}", FIXTURES[eid].PRECISIONS[dtype]) for eid, dtype in PRECISION_CASES]
     items += [(eid, f"{eid} {name}", answer) for eid, mod in FIXTURES.items()
               for name, (answer, _) in mod.MISTAKES.items()]
@@ -201,3 +215,66 @@ def test_accuracy_task_tells_every_mistake_from_the_exact_value():
     wrong = {name: value for name, (value, _) in ev._wrong_answers(2).items()}
     assert all(abs(v - exact) > 1e-3 for v in wrong.values()), wrong
     assert len({round(v, 6) for v in wrong.values()}) >= 4  # padded == mean of padded means here
+
+
+# The honest statuses: a criterion this machine cannot judge is blocked, never passed by default and
+# never failed by noise, and says why; progress() and `ddp-lab grade --json` show it.
+
+def test_a_timing_on_too_few_cores_is_blocked_with_the_reason(grades_file, monkeypatch, capsys):
+    from ddp_lab.grade.exercises import nb12_speed as speed
+    monkeypatch.setattr(speed, "cores", lambda: 2)
+    result = grade.check("12.2", nb12_ddp.good)
+    assert result.status == "blocked" and result.passed is None and not result.problems
+    assert "needs at least 4 CPU cores for 2 ranks" in str(result) and "gives 2" in str(result)
+    assert "neither passed nor failed" in str(result)
+    assert json.loads(grades_file.read_text())["12.2"]["last"] == "blocked"
+    assert grade.table()["12_build_it"]["12.2"] == "blocked"
+    grade.progress()
+    assert "12.2 ⊘" in capsys.readouterr().out
+
+
+def test_a_blocked_try_does_not_undo_a_pass(grades_file):
+    ex = grade.REGISTRY["12.2"]
+    progress.record(ex, "passed")
+    progress.record(ex, "blocked")
+    assert grade.table()["12_build_it"]["12.2"] == "passed"
+    with pytest.raises(ValueError, match="passed, failed or blocked"):
+        progress.record(ex, "maybe")
+
+
+GOOD_WEIGHTS = [{"copies": 0.0, "moved": 0.1, "ranks_agree": True}] * 7
+
+
+@pytest.mark.parametrize("ratios, status, said", [
+    ([1.30, 1.25, 1.28, 1.35, 1.27, 1.31, 1.29], "passed", ""),
+    ([0.70, 0.72, 0.69, 0.75, 0.71, 0.70, 0.73], "failed", "slower than communicating after backward"),
+    ([1.02, 0.97, 1.08, 0.93, 1.05, 0.99, 1.10], "blocked", "within the noise"),
+    ([1.01, 1.02, 1.01, 1.02, 1.01, 1.02, 1.01], "blocked", "within the noise"),  # steady, but under 3 %
+], ids=["clear gain", "clear loss", "noisy", "too small"])
+def test_the_timing_rule_passes_a_clear_gain_only(ratios, status, said):
+    from ddp_lab.grade.core import Blocked
+    from ddp_lab.grade.exercises.nb12_speed import verdict
+    found = verdict(ratios, GOOD_WEIGHTS)
+    got = "passed" if not found else "blocked" if all(isinstance(f, Blocked) for f in found) else "failed"
+    assert got == status and said in " ".join(found), found
+
+
+@pytest.mark.parametrize("checks, said", [
+    ([{"copies": 0.0, "moved": 0.1, "ranks_agree": False}], "gradients were not all-reduced"),
+    ([{"copies": 0.0, "moved": 0.0, "ranks_agree": True}], "did not move"),
+    ([{"copies": 0.05, "moved": 0.1, "ranks_agree": True}], "ended with different weights"),
+])
+def test_skipped_work_fails_however_fast(checks, said):
+    from ddp_lab.grade.exercises.nb12_speed import verdict
+    found = verdict([2.0] * 7, checks)
+    assert len(found) == 1 and said in found[0] and "skips work earns nothing" in found[0]
+
+
+def test_an_answer_that_hands_the_work_to_torch_is_refused():
+    from ddp_lab.grade.exercises._watch import torch_own_inside
+    model = torch.nn.Linear(2, 2)
+    wrapper = torch.nn.Module()
+    wrapper.inner = torch.nn.Sequential(torch.nn.SyncBatchNorm(2))
+    assert torch_own_inside(wrapper) == "torch.nn.SyncBatchNorm"
+    assert torch_own_inside(nb12_zero.ShardedAdam.__new__(nb12_zero.ShardedAdam)) is None
+    assert torch_own_inside(model) is None

@@ -11,6 +11,9 @@ A lesson is read in three parts, decided by its headings:
 The closing block (the GPU box, `## Summary`, `### What you can now do`) is core. Executed
 notebooks keep each code cell's start and end (nbclient's `metadata.execution`), so the time of
 each part can be read from a stored lesson without running it again.
+
+The Chinese edition (notebooks/zh/) heads the same parts with the forms docs/glossary.zh.md fixes:
+`## 深入：...`, `### 在 GPU 集群上`, `## 练习`; each is read as its English form.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ from datetime import datetime
 
 HEADING = re.compile(r"^(#{1,3}) (.+?)\s*$", re.M)
 DEEP, GPU_BOX, EXERCISES = "Deep dive:", "On a GPU cluster", "Exercises"
+ZH_DEEP, ZH_GPU_BOX, ZH_EXERCISES = "深入：", "在 GPU 集群上", "练习"  # docs/glossary.zh.md
+DEEPS, GPU_BOXES, EXERCISE_HEADS = (DEEP, ZH_DEEP), (GPU_BOX, ZH_GPU_BOX), (EXERCISES, ZH_EXERCISES)
 WORD = re.compile(r"\S+")
 
 
@@ -30,11 +35,11 @@ def _text(cell) -> str:
 def _after(heading: tuple[str, str], part: str) -> str:
     """The part that a heading (its #'s, its title) opens; `part` where it opens none."""
     level, title = len(heading[0]), heading[1]
-    if level <= 2 and title.startswith(DEEP):
+    if level <= 2 and title.startswith(DEEPS):
         return "deep"
-    if level <= 2 and title.startswith(EXERCISES):
+    if level <= 2 and title.startswith(EXERCISE_HEADS):
         return "exercises"
-    if level <= 2 or (level == 3 and title.startswith(GPU_BOX)):
+    if level <= 2 or (level == 3 and title.startswith(GPU_BOXES)):
         return "core"
     return part
 
@@ -54,9 +59,10 @@ def parts(cells) -> list[str]:
 
 
 def deep_dives(cells) -> list[str]:
-    """The titles of a lesson's deep dives, in order (without "Deep dive: ")."""
-    return [t[len(DEEP):].strip() for c in cells if c["cell_type"] == "markdown"
-            for level, t in HEADING.findall(_text(c)) if len(level) <= 2 and t.startswith(DEEP)]
+    """The titles of a lesson's deep dives, in order (without "Deep dive: " or "深入：")."""
+    return [t.split(DEEP if t.startswith(DEEP) else ZH_DEEP, 1)[1].strip() for c in cells
+            if c["cell_type"] == "markdown"
+            for level, t in HEADING.findall(_text(c)) if len(level) <= 2 and t.startswith(DEEPS)]
 
 
 def words(cells, part: str = "core") -> int:

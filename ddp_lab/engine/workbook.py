@@ -8,7 +8,9 @@
 Writes one HTML file per notebook (solutions too) and an index.html listing each
 lesson with the time its execution took on this machine, for planning a workshop.
 A notebook that fails is reported by name, the others are still rendered, and the
-exit code is non-zero. `--store` writes each executed notebook back over its .ipynb
+exit code is non-zero. Each notebook that passed also gets its Chinese handout in zh/, from its
+Chinese edition (`ddp_lab.engine.zh`: the English outputs, the catalog's markdown), rendered without
+running it again; a notebook whose catalog is incomplete is named and left out. `--store` writes each executed notebook back over its .ipynb
 (its outputs; a widget as the sentence it shows until its cell runs), so the outputs readers see on GitHub come from one
 top-to-bottom run of lessons and solutions together; a notebook that failed is left
 as it was.
@@ -103,6 +105,34 @@ def render(path: Path, out_dir: Path, timeout: int = 600, store: bool = False) -
     body, _ = HTMLExporter().from_notebook_node(nb)
     (out_dir / path.with_suffix(".html").name).write_text(body, encoding="utf-8")
     return title_of(nb), seconds, error, parts
+
+
+def render_zh(paths: list[Path], out_dir: Path, store: bool = False) -> list[str]:
+    """The Chinese handouts: each notebook's Chinese edition, rebuilt from its English notebook as it
+    now stands (the outputs just stored, under `store`), rendered without executing to out_dir/zh/.
+    Under `store` notebooks/zh/ is rebuilt too. Returns what to print: a line for each notebook left
+    out (its catalog is incomplete: the English handouts never wait on a translation), and the count.
+    Notebooks from outside the workbook's notebooks/ have no Chinese edition."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    from ddp_lab.engine import zh
+    lessons, edition = zh.NOTEBOOKS.resolve(), zh.ZH.resolve()
+    ours = [p for p in paths if lessons in p.resolve().parents and edition not in p.resolve().parents]
+    if not ours:
+        return []
+    if store:
+        zh.build(ours)  # refuses, and says why, while a catalog is incomplete: then nothing is rewritten
+    (out_dir / "zh").mkdir(parents=True, exist_ok=True)
+    said = []
+    for path in ours:
+        text, todo = zh.translated(path)
+        if todo:
+            said.append(f"no Chinese handout for {path.stem}: {len(todo)} cells not translated (make zh-status)")
+            continue
+        body, _ = HTMLExporter().from_notebook_node(nbformat.reads(text, as_version=4))
+        (out_dir / "zh" / path.with_suffix(".html").name).write_text(body, encoding="utf-8")
+    return said + [f"wrote {len(ours) - len(said)} Chinese handouts to {out_dir / 'zh'}/"]
 
 
 def machine() -> dict:
@@ -221,6 +251,9 @@ def main(argv: list[str]) -> int:
             print(f"{Path(name).stem}: {t['seconds']:.0f} s, core path {_secs(t['core_seconds'])}, "
                   f"deep dives {_secs(t['deep_seconds'])}")
     print(f"wrote {len(rows)} handouts to {out_dir}/ (open index.html)")
+    passed = [p for p, _, _, e, _ in rows if not e]
+    for line in render_zh(passed, out_dir, store=store):
+        print(line)
     if workshop is not None:
         workshop.write_text(update_timing_table(workshop.read_text(encoding="utf-8"), timings), encoding="utf-8")
         print(f"updated the timing table in {workshop} (lessons that passed)")

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ddp_lab.grade import exercises  # noqa: F401  (registers every exercise)
-from ddp_lab.grade.core import REGISTRY, Result, cell_number, is_stub, judge, pack
+from ddp_lab.grade.core import REGISTRY, Blocked, Result, cell_number, is_stub, judge, pack
 from ddp_lab.grade.store import progress, record, table
 
 __all__ = ["check", "check_many", "check_all", "progress", "table", "REGISTRY", "Result"]
@@ -27,11 +27,12 @@ def check(exercise_id: str, answer) -> Result:
     """Grade one answer, print the verdict in one block, remember it for progress()."""
     exercise = _exercise(exercise_id)
     if is_stub(answer):
-        result = Result(exercise.id, None, title=exercise.title)
+        result = Result(exercise.id, None, title=exercise.title,
+                        kind="class" if isinstance(answer, type) else "function")
     else:
         result = check_many(exercise_id, {"answer": answer})["answer"]
         if not in_solution_notebook():
-            record(exercise, result.passed)
+            record(exercise, result.status)
     print(result)
     result.shown_in = cell_number()  # a cell that ends with this call does not show it again
     return result
@@ -43,17 +44,28 @@ def check_many(exercise_id: str, answers: dict) -> dict:
 
 
 def check_all(items: list) -> dict:
-    """Grade [(exercise id, label, answer), ...]: one launch per rank count, {label: Result}."""
+    """Grade [(exercise id, label, answer), ...]: one launch per rank count, {label: Result}. An
+    exercise this machine cannot judge (its `blocked` says why) is not run: its result is blocked."""
     exercises = {label: _exercise(eid) for eid, label, _ in items}
+    labels = list(exercises)
+    out = {label: Result(ex.id, None, title=ex.title, blocked=why)
+           for label, ex in exercises.items() if (why := ex.blocked())}
+    items = [item for item in items if item[1] not in out]
     seen: dict = {}
-    for nproc in sorted({ex.nproc for ex in exercises.values()}):
+    for nproc in sorted({exercises[label].nproc for _, label, _ in items}):
         batch = [(eid, label, a) for eid, label, a in items if exercises[label].nproc == nproc]
         if nproc == 0:
             seen.update({label: _in_kernel(exercises[label], a) for _, label, a in batch})
         else:
             seen.update(_on_ranks(nproc, [(eid, label, pack(a)) for eid, label, a in batch]))
-    return {label: Result(ex.id, not (p := judge(ex, seen[label])), p, ex.title)
-            for label, ex in exercises.items()}
+    for _, label, _ in items:
+        ex = exercises[label]
+        problems = judge(ex, seen[label])
+        stops = [p for p in problems if not isinstance(p, Blocked)]
+        why = "; ".join(p for p in problems if isinstance(p, Blocked)) or None
+        out[label] = Result(ex.id, None if (why and not stops) else not stops, stops, ex.title,
+                            blocked=None if stops else why)
+    return {label: out[label] for label in labels}
 
 
 def in_solution_notebook() -> bool:

@@ -4,14 +4,15 @@ from __future__ import annotations
 import json
 import sys
 
-DESCRIPTION = ("Print, per notebook, which graded exercises pass (✓), were tried (✗) or not yet (·).\n"
+DESCRIPTION = ("Print, per notebook, which graded exercises pass (✓), were tried (✗), could not be judged on\n"
+               "this machine (⊘ blocked: it needs CUDA, or more cores than ranks for a timing) or not yet (·).\n"
                "Verdicts come from grade.check in the notebooks, kept in ~/.ddp_lab/grades.json\n"
                "(DDP_LAB_GRADES=/path/grades.json names another file).")
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true",
-                        help="print {notebook: {exercise: passed | tried | not attempted}} as JSON")
+                        help="print {notebook: {exercise: passed | tried | blocked | not attempted}} as JSON")
 
 
 def run(args) -> int:

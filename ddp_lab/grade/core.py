@@ -67,6 +67,12 @@ class Exercise:
     on_rank: Callable  # (answer, rank, world) -> dict of observations
     judge: Callable    # ({rank: observations}) -> list of problems, [] when it passes
     on_error: Callable = lambda error: None  # (error text) -> a hint, or None
+    blocked: Callable = lambda: None  # () -> why this machine cannot judge the exercise, or None
+
+
+class Blocked(str):
+    """A judge's finding that is not a failure: this machine cannot judge the criterion (it needs
+    CUDA, or more cores than ranks for a timing, or the timings were too noisy to tell), and why."""
 
 
 def register(exercise: Exercise) -> Exercise:
@@ -77,14 +83,26 @@ def register(exercise: Exercise) -> Exercise:
 @dataclass
 class Result:
     id: str
-    passed: bool | None        # None: not attempted yet
+    passed: bool | None        # None: not attempted yet, or blocked
     problems: list = field(default_factory=list)
     title: str = ""
     shown_in: int | None = field(default=None, repr=False, compare=False)  # the cell that printed it
+    blocked: str | None = None  # why this machine cannot judge it: neither passed nor failed
+    kind: str = field(default="function", repr=False, compare=False)  # what the learner fills in
+
+    @property
+    def status(self) -> str:
+        """"passed", "failed", "blocked" or "not attempted"."""
+        if self.blocked:
+            return "blocked"
+        return "not attempted" if self.passed is None else "passed" if self.passed else "failed"
 
     def __str__(self) -> str:
+        if self.blocked:
+            return (f"{self.id} {self.title}: blocked on this machine, neither passed nor failed: "
+                    f"{self.blocked}")
         if self.passed is None:
-            return (f"{self.id} {self.title}: not attempted yet. Fill in the function above and run "
+            return (f"{self.id} {self.title}: not attempted yet. Fill in the {self.kind} above and run "
                     f"this cell again.")
         if self.passed:
             return f"{self.id} {self.title}: passed."
@@ -107,11 +125,15 @@ def cell_number() -> int | None:
 
 
 def is_stub(answer) -> bool:
-    """True for None, or a function whose body is only a docstring and `...`/`pass`."""
+    """True for None, a function whose body is only a docstring and `...`/`pass`, or a class whose
+    every method is such a function."""
     if answer is None:
         return True
     if isinstance(answer, (tuple, list)):
         return any(is_stub(a) for a in answer)
+    if isinstance(answer, type):
+        methods = [inspect.unwrap(f) for f in vars(answer).values() if inspect.isfunction(f)]
+        return bool(methods) and all(is_stub(f) for f in methods)
     code = getattr(answer, "__code__", None)
     if code is None:
         return False
@@ -220,7 +242,9 @@ def judge(exercise: Exercise, per_rank: dict) -> list:
             hints.add(f"a rank waited {RANK_TIMEOUT_S} s for a message or collective that no other rank "
                       f"sent or joined: every rank must make the same calls, in the same order")
         return merge_ranks(problems, max(exercise.nproc, 1)) + sorted(hints)
-    return merge_ranks(exercise.judge(per_rank), max(exercise.nproc, 1))
+    found = exercise.judge(per_rank)
+    blocked = list(dict.fromkeys(p for p in found if isinstance(p, Blocked)))  # kept as Blocked, once
+    return merge_ranks([p for p in found if not isinstance(p, Blocked)], max(exercise.nproc, 1)) + blocked
 
 
 def merge_ranks(problems: list, world: int) -> list:

@@ -135,6 +135,19 @@ STORE_ENV = "DDP_LAB_STORE_RECORDS"
 RECORD = STORED if os.environ.get(STORE_ENV) == "1" else LEARNER
 
 
+def _in_notebooks(path) -> str:
+    """A relative path taken from notebooks/, also when the kernel runs in a folder below it (the
+    Chinese edition's notebooks/zh/, notebooks/zh/solutions/)."""
+    from pathlib import Path
+    if os.path.isabs(path):
+        return str(path)
+    here = Path.cwd()
+    for base in (here, *list(here.parents)[:2]):
+        if base.name == "notebooks":
+            return str(base / path)
+    return str(path)
+
+
 def save_fit(path, alpha: float, beta: float, n: int, sizes, backend: str) -> dict:
     """Write a fit of the ring model with what it was measured on, for other notebooks to read."""
     import datetime
@@ -143,6 +156,7 @@ def save_fit(path, alpha: float, beta: float, n: int, sizes, backend: str) -> di
     import platform
 
     import torch
+    path = _in_notebooks(path)
     record = {"alpha_s": alpha, "beta_s_per_byte": beta, "ranks": n, "backend": backend,
               "sizes_bytes": [int(s) for s in sizes],
               "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -161,6 +175,7 @@ def load_fit(path) -> dict | None:
     learner's record that is not there yet falls back to the stored one."""
     import json
     for candidate in (path, STORED) if path == LEARNER else (path,):
+        candidate = _in_notebooks(candidate)
         try:
             with open(candidate) as f:
                 record = json.load(f)
