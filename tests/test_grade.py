@@ -14,7 +14,7 @@ import torch
 from grade_fixtures import (nb01_gradients, nb01_synced, nb02_evaluation, nb02_exact, nb03_bytes, nb03_ring,
                             nb04_clip, nb04_plan, nb05_accumulation, nb05_lr, nb06_atomic, nb06_checkpoint,
                             nb07_diff, nb07_unused, nb08_exposed, nb08_predict, nb09_memory, nb09_zero1, nb10_batch,
-                            nb10_torchrun, nb11_bf16, nb11_hook, nb12_ddp, nb12_speed, nb12_syncbn, nb12_zero)
+                            nb10_torchrun, nb11_bf16, nb11_hook, nb12_ddp, nb12_fsdp, nb12_speed, nb12_syncbn, nb12_zero)
 
 from ddp_lab import grade
 from ddp_lab.grade import core
@@ -28,7 +28,7 @@ FIXTURES = {"01.4": nb01_gradients, "01.5": nb01_synced, "02.4": nb02_evaluation
             "08.4": nb08_exposed, "08.5": nb08_predict, "09.5": nb09_zero1, "09.6": nb09_memory,
             "10.5": nb10_torchrun, "10.6": nb10_batch,
             "11.1": nb11_bf16, "11.2": nb11_hook,
-            "12.1": nb12_ddp, "12.2": nb12_speed, "12.3": nb12_zero, "12.4": nb12_syncbn}
+            "12.1": nb12_ddp, "12.2": nb12_speed, "12.3": nb12_zero, "12.4": nb12_syncbn, "12.5": nb12_fsdp}
 # A timed exercise's right answer gets a timing's verdict (passed, or blocked where the machine cannot
 # judge): its rules are tested on given timings below; its wrong answers are decided before any timing.
 TIMED = {"12.2"}
@@ -53,12 +53,14 @@ def grades_file(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def graded():
+    import os
     from ddp_lab.grade.exercises import nb12_speed as speed
-    cores, speed.cores = speed.cores, lambda: 64  # judge the timed exercise's wrong answers on any machine
+    before = os.environ.get(speed.CORES_ENV)
+    os.environ[speed.CORES_ENV] = "64"  # the ranks judge the timed exercise's wrong answers as if on a big machine
     try:
         return _graded()
     finally:
-        speed.cores = cores
+        os.environ.pop(speed.CORES_ENV) if before is None else os.environ.__setitem__(speed.CORES_ENV, before)
 
 
 def _graded():
@@ -222,7 +224,7 @@ def test_accuracy_task_tells_every_mistake_from_the_exact_value():
 
 def test_a_timing_on_too_few_cores_is_blocked_with_the_reason(grades_file, monkeypatch, capsys):
     from ddp_lab.grade.exercises import nb12_speed as speed
-    monkeypatch.setattr(speed, "cores", lambda: 2)
+    monkeypatch.setenv(speed.CORES_ENV, "2")
     result = grade.check("12.2", nb12_ddp.good)
     assert result.status == "blocked" and result.passed is None and not result.problems
     assert "needs at least 4 CPU cores for 2 ranks" in str(result) and "gives 2" in str(result)
@@ -231,6 +233,14 @@ def test_a_timing_on_too_few_cores_is_blocked_with_the_reason(grades_file, monke
     assert grade.table()["12_build_it"]["12.2"] == "blocked"
     grade.progress()
     assert "12.2 ⊘" in capsys.readouterr().out
+
+
+def test_an_exercise_this_machine_cannot_judge_is_not_run(monkeypatch):
+    ex = core.Exercise(id="99.1", notebook="99_x", title="A GPU-only check", skills="", answer="", nproc=2,
+                       on_rank=lambda *a: pytest.fail("ran"), judge=lambda o: [], blocked=lambda: "needs CUDA")
+    monkeypatch.setitem(core.REGISTRY, "99.1", ex)
+    result = grade.check_all([("99.1", "x", lambda: 1)])["x"]
+    assert (result.status, result.passed, result.blocked) == ("blocked", None, "needs CUDA")
 
 
 def test_a_blocked_try_does_not_undo_a_pass(grades_file):

@@ -152,6 +152,23 @@ class TorchInside(nn.Module):
         return self.inner.no_sync()
 
 
+class NaNGradients(MyDDP):
+    def _unpack(self, b, flat):
+        super()._unpack(b, flat * float("nan"))
+
+
+class IgnoresCap(MyDDP):
+    def __init__(self, module, cap):
+        super().__init__(module, 4096)  # plan_buckets' default, whatever the grader asks
+
+
+class NeverWaits(MyDDP):
+    def finish(self):
+        for b, flat, work in self.pending:
+            self._unpack(b, flat / dist.get_world_size())
+        self.pending, self.ready = [], [0] * len(self.buckets)
+
+
 MISTAKES = {
     "all-reduces every parameter": (PerParameter, "one all-reduce per parameter"),
     "waits inside the hook": (WaitsInHook, "waited for an all-reduce inside backward"),
@@ -162,5 +179,8 @@ MISTAKES = {
     "all-reduces after backward": (AfterBackward, "after backward returned: nothing overlaps"),
     "all-reduces inside no_sync": (SyncsInNoSync, "inside no_sync()"),
     "hands it to torch's DDP": (TorchInside, "refused: your answer hands the work to torch.nn.parallel"),
+    "NaN gradients": (NaNGradients, "hold NaN or inf"),
+    "ignores bucket_cap_bytes": (IgnoresCap, "closed at the bucket_cap_bytes your class is given"),
+    "never waits": (NeverWaits, "never called wait() on 4 of its all-reduce handles"),
 }
 EID = "12.1"

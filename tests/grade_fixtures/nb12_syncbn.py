@@ -109,6 +109,11 @@ class BiasedRunningVar(SyncBN):
         self.running_var.mul_(1 - m).add_(m * var)
 
 
+class NaNOutput(SyncBN):
+    def forward(self, x):
+        return super().forward(x) * float("nan")
+
+
 class TorchSyncBN(nn.SyncBatchNorm):
     pass
 
@@ -120,4 +125,5 @@ MISTAKES = {
     "a mean of the ranks' means": (MeanOfMeans, "a mean of the ranks' means is not the global mean"),
     "biased running variance": (BiasedRunningVar, "the unbiased variance"),
     "hands it to torch's SyncBatchNorm": (TorchSyncBN, "refused: your answer hands the work to torch.nn.SyncBatchNorm"),
+    "NaN outputs": (NaNOutput, "hold NaN or inf"),
 }

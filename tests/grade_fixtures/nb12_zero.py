@@ -87,9 +87,38 @@ class ZeroInside:
         self.inner.step()
 
 
+class NaNStep(ShardedAdam):
+    @torch.no_grad()
+    def step(self):
+        super().step()
+        for p in self.params:
+            p.mul_(float("nan"))
+
+
+class Lopsided(ShardedAdam):  # rank 0 keeps all but the last parameter's state
+    def __init__(self, params, lr):
+        super().__init__(params, lr)
+        last = len(self.params) - 1
+        self.owner = {i: 1 if i == last else 0 for i in range(len(self.params))}
+        self.state = {i: {"exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+                      for i, p in enumerate(self.params) if self.owner[i] == self.rank}
+
+
+class AveragesAgain(ShardedAdam):  # all-reduces gradients DDP already averaged
+    @torch.no_grad()
+    def step(self):
+        for p in self.params:
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        super().step()
+
+
 MISTAKES = {
     "forgets to broadcast": (NoBroadcast, "still holds the old values of"),
     "keeps the whole state": (FullState, "each moment element belongs to one rank only"),
     "no bias correction": (NoBiasCorrection, "Adam's bias correction"),
     "hands it to ZeroRedundancyOptimizer": (ZeroInside, "refused: your answer hands the work to torch.distributed.optim"),
+    "NaN parameters": (NaNStep, "hold NaN or inf"),
+    "a lopsided deal": (Lopsided, "deal the largest parameters first"),
+    "averages the gradients again": (AveragesAgain, "the gradients arrive already averaged"),
 }

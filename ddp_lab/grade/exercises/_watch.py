@@ -17,6 +17,7 @@ TORCH_OWN = {  # what a submission may not hand the work to
     "ZeroRedundancyOptimizer": "torch.distributed.optim.ZeroRedundancyOptimizer",
     "SyncBatchNorm": "torch.nn.SyncBatchNorm",
     "FullyShardedDataParallel": "FSDP",
+    "FSDPModule": "FSDP2's fully_shard",
 }
 
 

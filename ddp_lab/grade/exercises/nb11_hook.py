@@ -58,7 +58,7 @@ def judge(per_rank):
         elif abs(o["ratio"] - 2) < 0.1:
             problems.append(f"rank {rank}: the gradients are twice the mean of both ranks': all_reduce sums; "
                             f"divide by the world size (before or after, as fp16_compress_hook does)")
-        elif o["max_err"] > ATOL * max(o["scale"], 1e-6):
+        elif not o["max_err"] <= ATOL * max(o["scale"], 1e-6):  # (a NaN is never within it)
             problems.append(f"rank {rank}: the gradients differ from the mean of both ranks' by up to "
                             f"{o['max_err']:.3g}, more than bf16's rounding ({ATOL:.0%} of the largest): average "
                             f"the whole bucket, then decompress it back into it")

@@ -20,6 +20,7 @@ from ddp_lab.grade.core import MANY_OPS, Exercise, register, within
 from ddp_lab.grade.exercises._watch import Watch, refused, torch_own_inside
 
 STEPS, LR, BATCH = 2, 0.1, 8
+CAP = 300  # bytes: 4 buckets, not the 3 of plan_buckets' default (4096): a class that ignores bucket_cap_bytes is seen
 
 
 def _data(rank, step, micro=0):
@@ -48,7 +49,7 @@ def _grads(model):
 
 def _compare(got, ddp, local, world) -> dict:
     scale = float(ddp.abs().max())
-    return {"err": float((got - ddp).abs().max()), "scale": scale,
+    return {"err": float((got - ddp).abs().max()), "scale": scale, "finite": bool(got.isfinite().all()),
             "ratio": float((got * ddp).sum() / (ddp * ddp).sum()),
             # this rank's own gradient, whole or already divided: what a bucket holds before its wait()
             "local_err": min(float((got - local / c).abs().max()) for c in (1, world))}
@@ -65,7 +66,9 @@ def _step_events(watch, params: int):
         elif e[0] == "call" and e[1] == "all_reduce":
             out.append([e[2], e[3], ready < params - 1, e[4]])
     waits_in_backward = sum(1 for e in watch.events if e[0] == "wait" and e[2] == "backward")
-    return {"calls": out, "waits_in_backward": waits_in_backward,
+    waited = sorted(e[1] for e in watch.events if e[0] == "wait")
+    return {"calls": out, "waits_in_backward": waits_in_backward, "waits": len(waited),
+            "unwaited": sum(1 for c in range(len(out)) if c not in waited),
             "other": sorted({e[1] for e in watch.events if e[0] == "call" and e[1] != "all_reduce"})}
 
 
@@ -74,12 +77,12 @@ def on_rank(answer, rank, world):
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from ddp_lab.lessons.build import BUCKET_CAP_BYTES, bucket_sizes
+    from ddp_lab.lessons.build import bucket_sizes
     mine, twin = _models(rank)
     plain = _models(0)[0]  # rank 0's start, no DDP: this rank's own, un-averaged gradient
     watch = Watch(defer=True)
     with watch.watching():
-        ours = answer(mine, BUCKET_CAP_BYTES)
+        ours = answer(mine, CAP)
     own = torch_own_inside(ours)
     if own:
         return {"refused": own}
@@ -122,11 +125,11 @@ def on_rank(answer, rank, world):
         opt.step()
         ref_opt.step()
         plain.load_state_dict(twin.state_dict())  # the next local gradient is taken where DDP stands
-    sizes = bucket_sizes(mine.parameters())
-    forward_sizes = bucket_sizes(list(mine.parameters())[::-1])
+    sizes = bucket_sizes(mine.parameters(), CAP)
+    forward_sizes = bucket_sizes(list(mine.parameters())[::-1], CAP)
     del ref
     return {"synced": synced, "setup_calls": setup_calls, "steps": steps, "buckets": sizes,
-            "forward_buckets": forward_sizes, "params": len(names), "world": world}
+            "forward_buckets": forward_sizes, "params": len(names), "world": world, "cap": CAP}
 
 
 class _nothing:
@@ -154,10 +157,19 @@ def judge(per_rank):
             if found:
                 problems.extend(found)
                 break
-            if step["err"] > MANY_OPS * step["scale"]:
+            if not step["finite"]:
+                problems.append(f"rank {rank}'s gradients at {where} hold NaN or inf, where DDP's are finite")
+                break
+            if not step["err"] <= MANY_OPS * step["scale"]:
                 if abs(step["ratio"] - o["world"]) < 0.05:
                     problems.append(f"rank {rank}'s gradients at {where} are {o['world']}x DDP's: all_reduce sums; "
                                     f"divide each bucket by the world size")
+                elif abs(step["ratio"] - 1 / o["world"]) < 0.05:
+                    problems.append(f"rank {rank}'s gradients at {where} are 1/{o['world']} of DDP's: divided by the "
+                                    f"world size twice (once is enough, before or after the sum)")
+                elif last_unwaited(step):
+                    problems.append(f"rank {rank} never called wait() on {last_unwaited(step)} of its all-reduce "
+                                    f"handles at {where}: without it the sum may not be there yet")
                 elif step["local_err"] <= MANY_OPS * step["scale"]:
                     problems.append(f"rank {rank}'s .grad at {where} is this rank's own gradient, not the average: "
                                     f"copy each bucket back into the .grad's after its wait() returns (a copy taken "
@@ -169,6 +181,10 @@ def judge(per_rank):
     return problems
 
 
+def last_unwaited(step) -> int:
+    return step["micro"][-1]["unwaited"]
+
+
 def _calls(step, want, o, where, rank) -> list:
     first, last = step["micro"][0], step["micro"][-1]
     if step["no_sync"] and first["calls"]:
@@ -178,24 +194,31 @@ def _calls(step, want, o, where, rank) -> list:
     if last["other"]:
         return [f"rank {rank} called {', '.join(last['other'])} during a step: DDP needs only all_reduce"]
     if not calls:
-        return [f"rank {rank} made no dist.all_reduce call at {where}: each full bucket is all-reduced "
+        again = " (it did at step 1: reset each bucket's count of ready gradients after every step, in finish())" \
+            if where.startswith("step 2") else ""
+        return [f"rank {rank} made no dist.all_reduce call at {where}{again}: each full bucket is all-reduced "
                 f"(dist.all_reduce(buffer, async_op=True)) from the hook that completes it"]
     if len(calls) == o["params"] and len(want) != o["params"]:
         return [f"rank {rank} made one all-reduce per parameter ({len(calls)}), not one per bucket "
                 f"({len(want)}): pack each bucket's gradients into one flat buffer (plan_buckets)"]
     sizes = sorted(c[0] for c in calls)
     if any(not c[3] for c in calls):
-        return [f"rank {rank} called all_reduce without async_op=True: it blocks backward until the sum "
-                f"arrives, so nothing overlaps; keep the handle and wait for it in finish()"]
+        where_ = "backward until the sum arrives" if any(not c[3] and c[1] == "backward" for c in calls) else \
+            "until the sum arrives, after backward"
+        return [f"rank {rank} called all_reduce without async_op=True: it blocks {where_}, so nothing "
+                f"overlaps; issue it with async_op=True from the hook and wait for the handle in finish()"]
     if last["waits_in_backward"]:
         return [f"rank {rank} waited for an all-reduce inside backward (in a hook): that stalls backward "
                 f"until the bucket's sum arrives; wait for every handle in finish(), after backward"]
+    if last["waits"] > len(calls):
+        return [f"rank {rank} waited {last['waits']} times for {len(calls)} all-reduces at {where}: handles of "
+                f"an earlier step are still kept; clear them in finish() once waited for"]
     if sizes == sorted(o["forward_buckets"]) and sizes != want:
         return [f"rank {rank}'s buckets hold {sizes} elements, the forward order's; backward makes the "
                 f"last layer's gradients first, so fill buckets in reverse (DDP's buckets: {want})"]
     if sizes != want:
         return [f"rank {rank} all-reduced buffers of {sizes} elements; the bucket rule (plan_buckets, "
-                f"reverse order, close at {4096} bytes) gives {want}"]
+                f"reverse order, closed at the bucket_cap_bytes your class is given, {o['cap']}) gives {want}"]
     if all(c[1] != "backward" for c in calls):
         return [f"rank {rank} issued every all-reduce after backward returned: nothing overlaps; issue "
                 f"each bucket's all_reduce from the hook that completes it"]

@@ -13,6 +13,10 @@ median ratio over the pairs, held against their spread:
 - blocked: the difference is within the noise, or the machine has fewer than 2 cores per rank (a
   rank computes on one while gloo's thread moves its buckets on another; with fewer, compute and
   communication share cores and the timing measures the contention, not the overlap).
+
+What needs no clock is judged first, on any machine: one step of the class, watched, fails it if
+its communication cannot overlap backward (no async all-reduce issued during backward, or a wait
+there).
 """
 import os
 
@@ -22,7 +26,12 @@ PAIRS, STEPS, BATCH, CAP = 7, 4, 64, 1 << 20
 MIN_GAIN = 0.03
 
 
+CORES_ENV = "DDP_LAB_GRADE_CORES"  # tests set it: judge as if the machine had this many cores
+
+
 def cores() -> int:
+    if os.environ.get(CORES_ENV):
+        return int(os.environ[CORES_ENV])
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
@@ -62,6 +71,17 @@ def on_rank(answer, rank, world):
         models["after"] = answer(copy.deepcopy(base), CAP)
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in models.items()}
     times, agree, step = {"overlap": [], "after": []}, [], 0
+    # what needs no clock first: a class whose communication cannot overlap backward fails anywhere
+    x, y = _data(rank, 10 ** 6)
+    with seen.watching():
+        seen.phase = "backward"
+        F.cross_entropy(models["overlap"](x), y).backward()
+        seen.phase = "finish"
+        models["overlap"].finish()
+    cannot = _not_overlapped(seen)
+    if cannot or blocked():
+        return {"not_overlapped": cannot, "blocked": blocked()}
+    seen.events = []
 
     def run(kind):
         dist.barrier()
@@ -88,12 +108,16 @@ def on_rank(answer, rank, world):
         dist.all_gather(every, mine)
         agree.append({"copies": float((a - b).abs().max()), "moved": float((a - start).abs().max()),
                       "ranks_agree": len({round(float(t), 3) for t in every}) == 1})
+    return {"times": times, "agree": agree, "not_overlapped": _not_overlapped(seen), "blocked": None}
+
+
+def _not_overlapped(seen) -> str | None:
+    """Why the class's communication cannot overlap backward, from one step's calls; None if it can."""
     issued = [c for c in seen.calls(phase="backward") if c[1] == "all_reduce"]
     waited = [e for e in seen.events if e[0] == "wait" and e[2] == "backward"]
-    overlapped = ("it issued no all_reduce during backward" if not issued else
-                  "it called all_reduce without async_op=True during backward" if not all(c[4] for c in issued) else
-                  "it waited for an all-reduce during backward" if waited else None)
-    return {"times": times, "agree": agree, "not_overlapped": overlapped}
+    return ("it issued no all_reduce during backward" if not issued else
+            "it called all_reduce without async_op=True during backward" if not all(c[4] for c in issued) else
+            "it waited for an all-reduce during backward" if waited else None)
 
 
 def verdict(ratios: list, checks: list, not_overlapped: str | None = None) -> list:
@@ -122,11 +146,17 @@ def verdict(ratios: list, checks: list, not_overlapped: str | None = None) -> li
 
 
 def judge(per_rank):
+    cannot = next((o["not_overlapped"] for o in per_rank.values() if o["not_overlapped"]), None)
+    if cannot:
+        return verdict([], [], cannot)
+    why = next((o["blocked"] for o in per_rank.values() if o["blocked"]), None)
+    if why:
+        return [Blocked(why)]
     pairs = len(per_rank[0]["times"]["overlap"])
     worst = {k: [max(o["times"][k][i] for o in per_rank.values()) for i in range(pairs)] for k in ("overlap", "after")}
     ratios = [b / a for a, b in zip(worst["overlap"], worst["after"])]
     checks = [c for o in per_rank.values() for c in o["agree"]]
-    return verdict(ratios, checks, next((o["not_overlapped"] for o in per_rank.values() if o["not_overlapped"]), None))
+    return verdict(ratios, checks)
 
 
 register(Exercise(
@@ -134,4 +164,4 @@ register(Exercise(
     skills="measure fairly: paired, alternating runs, the median ratio against its spread, weights compared "
            "so that skipped work earns nothing; say 'blocked' where the machine cannot judge",
     answer="MyDDP from 12.1",
-    nproc=2, on_rank=on_rank, judge=judge, blocked=lambda: blocked()))
+    nproc=2, on_rank=on_rank, judge=judge))

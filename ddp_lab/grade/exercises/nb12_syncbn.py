@@ -71,7 +71,9 @@ def on_rank(answer, rank, world):
             "mean": diff(ours.running_mean, ref.running_mean), "var": diff(ours.running_var, ref.running_var),
             "stat_scale": scale(ref.running_var),
             "var_biased": diff(ours.running_var, _biased_var(ref, step)),
-            "no_input_grad": xl.grad is None})
+            "no_input_grad": xl.grad is None,
+            "finite": bool(y.isfinite().all()) and (xl.grad is None or bool(xl.grad.isfinite().all()))
+            and bool(grads.isfinite().all()) and bool(ours.running_var.isfinite().all())})
     return {"passes": passes, "world": world}
 
 
@@ -92,10 +94,14 @@ def judge(per_rank):
     for rank, o in sorted(per_rank.items()):
         for s, p in enumerate(o["passes"]):
             at = f"pass {s + 1}"
-            if len(p["forward"]) != 1:
+            if not p["finite"]:
+                problems.append(f"rank {rank}'s outputs, gradients or running statistics hold NaN or inf at {at}, "
+                                f"where BatchNorm1d's are finite (a negative variance? var = E[x²] − mean², with the "
+                                f"global sums and the global count)")
+            elif len(p["forward"]) != 1:
                 problems.append(f"rank {rank} made {len(p['forward'])} collectives in forward ({', '.join(p['forward']) or 'none'}); "
                                 f"one is enough: all-reduce [sum, sum of squares, count] together")
-            elif p["out"] > MANY_OPS * p["out_scale"]:
+            elif not p["out"] <= MANY_OPS * p["out_scale"]:
                 problems.append(f"rank {rank}'s output rows differ from BatchNorm1d on the global batch by {p['out']:.3g} "
                                 f"{within(MANY_OPS, of='the largest output')}: normalise with the global mean and "
                                 f"variance, from the summed counts (the ranks' batches differ in size, so a mean "
@@ -104,14 +110,14 @@ def judge(per_rank):
                 problems.append(f"rank {rank} made {len(p['backward'])} collectives in backward ({', '.join(p['backward']) or 'none'}): "
                                 f"the input gradient needs the global sums of dy and dy * x_hat, all-reduced "
                                 f"together once, in your autograd Function's backward")
-            elif p["no_input_grad"] or p["grad_in"] > MANY_OPS * p["grad_in_scale"]:
+            elif p["no_input_grad"] or not p["grad_in"] <= MANY_OPS * p["grad_in_scale"]:
                 problems.append(f"rank {rank}'s input gradient differs from the one process's by "
                                 f"{p['grad_in']:.3g} {within(MANY_OPS, of='the largest')}: dx = weight / std * "
                                 f"(dy - mean(dy) - x_hat * mean(dy * x_hat)), the means over the global batch")
-            elif p["grad_wb"] > MANY_OPS * p["grad_wb_scale"]:
+            elif not p["grad_wb"] <= MANY_OPS * p["grad_wb_scale"]:
                 problems.append(f"the weight and bias gradients summed over the ranks differ from the one process's "
                                 f"by {p['grad_wb']:.3g}: each rank's are sums over its own rows of dy * x_hat and dy")
-            elif p["mean"] > MANY_OPS * p["stat_scale"] or p["var"] > MANY_OPS * p["stat_scale"]:
+            elif not (p["mean"] <= MANY_OPS * p["stat_scale"] and p["var"] <= MANY_OPS * p["stat_scale"]):
                 hint = ("the unbiased variance, times n / (n - 1) with n the global count" if p["var_biased"] <= MANY_OPS * p["stat_scale"]
                         else "running = (1 - momentum) * running + momentum * the global batch's statistic")
                 problems.append(f"rank {rank}'s running statistics after {at} differ from BatchNorm1d's: use {hint}")

@@ -4,16 +4,18 @@ and against one process running torch.optim.Adam on the global batch.
 The answer is a class, ShardedAdam(params, lr), with step() and a `state` holding whatever it
 keeps (tensors, at any depth). The grader plays DDP: it averages the gradients across ranks
 itself, then calls step(). After each of 3 steps every rank's parameters must equal both
-references. The state's bytes are read from the state itself: the ranks together hold Adam's two
-moments exactly once (counted in elements), and no rank more than its share plus one parameter's (the shards are whole
-parameters, as ZeroRedundancyOptimizer's are, or slices of a flat buffer).
+references. The state is read from the state itself: the ranks together hold Adam's two moments
+exactly once (counted in elements, so float64 moments count once too), and no rank covers more than
+4/3 of max(P/N, the largest parameter) elements (fair_share: the shards may be whole parameters, as
+ZeroRedundancyOptimizer's are, or slices of a flat buffer). step() makes no all-reduce: the
+gradients arrive averaged.
 
 Tolerance: 1e-5 of the largest parameter. Adam divides by the root of the second moment, so a
 gradient's rounding (the global batch's mean against the mean of two halves) moves an element's
 step by at most lr x that rounding's relative size.
 """
 from ddp_lab.grade.core import MANY_OPS, Exercise, register, within
-from ddp_lab.grade.exercises._watch import refused, torch_own_inside
+from ddp_lab.grade.exercises._watch import Watch, refused, torch_own_inside
 
 STEPS, LR, BATCH = 3, 0.01, 8
 
@@ -67,7 +69,10 @@ def on_rank(answer, rank, world):
             for p in model.parameters():  # what DDP leaves in .grad: the mean over the ranks
                 dist.all_reduce(p.grad)
                 p.grad /= world
-        opt.step()
+        watch = Watch()
+        with watch.watching():
+            opt.step()
+        reduced = [c for c in watch.calls() if c[1] in ("all_reduce", "reduce_scatter", "reduce_scatter_tensor")]
         zero.step()
         xs = [_data(r, step) for r in range(world)]
         single.zero_grad(set_to_none=True)
@@ -79,7 +84,8 @@ def on_rank(answer, rank, world):
         moved, ref_moved = (got - start.double()).abs(), (ref - start.double()).abs()
         stale = sum(1 for p, q, r in zip(mine.parameters(), single.parameters(), _start_params)
                     if torch.equal(p.detach(), r) and not torch.equal(q.detach(), r))
-        steps.append({"vs_zero": float((got - flat(twin)).abs().max()), "vs_adam": float((got - ref).abs().max()),
+        steps.append({"finite": bool(got.isfinite().all()), "reduced": len(reduced),
+                      "vs_zero": float((got - flat(twin)).abs().max()), "vs_adam": float((got - ref).abs().max()),
                       "scale": float(ref.abs().max()), "moved": float(moved.max()), "stale": stale,
                       "step_ratio": float((moved / ref_moved.clamp_min(1e-12)).median())})
         _start_params = [p.detach().clone() for p in mine.parameters()]
@@ -92,6 +98,13 @@ def on_rank(answer, rank, world):
             "largest": max(p.numel() for p in params), "world": world}
 
 
+def fair_share(param_numel: int, largest: int, world: int) -> float:
+    """The most parameter elements one rank's state may cover: 4/3 of the least possible maximum,
+    max(P/N, the largest parameter), the bound of dealing the largest first to the lightest rank
+    (ZeroRedundancyOptimizer's deal; slices of a flat buffer do better, P/N)."""
+    return 4 / 3 * max(param_numel / world, largest)
+
+
 def judge(per_rank):
     if any(o.get("refused") for o in per_rank.values()):
         return [refused(next(o["refused"] for o in per_rank.values() if o.get("refused")))]
@@ -99,11 +112,18 @@ def judge(per_rank):
     for rank, o in sorted(per_rank.items()):
         for s, step in enumerate(o["steps"]):
             tol = MANY_OPS * step["scale"]
-            if step["vs_zero"] > tol or step["vs_adam"] > tol:
+            if not step["finite"]:
+                problems.append(f"rank {rank}'s parameters hold NaN or inf after step {s + 1}, where Adam's are finite")
+                break
+            if step["reduced"]:
+                problems.append(f"rank {rank}'s step() made {step['reduced']} all-reduce(s): the gradients arrive "
+                                f"already averaged (DDP did that); a ZeRO-1 step only sends the updated shards")
+                break
+            if not (step["vs_zero"] <= tol and step["vs_adam"] <= tol):
                 if step["moved"] <= tol:
                     problems.append(f"rank {rank}'s parameters did not change at step {s + 1}: step() must update them")
                 elif step["stale"]:
-                    problems.append(f"rank {rank} still holds the old values of {step['stale']} parameters after step "
+                    problems.append(f"rank {rank} still holds the old values of {step['stale']} parameter(s) after step "
                                     f"{s + 1}: after updating its own shard every rank must send it to the others "
                                     f"(dist.broadcast from the owner, or dist.all_gather)")
                 elif s == 0 and 2.5 < step["step_ratio"] < 4:
@@ -124,9 +144,12 @@ def judge(per_rank):
         elif held > full * 1.01:
             problems.append(f"the ranks together keep {held} elements of optimizer state, {held / full:.1f}x Adam's "
                             f"two moments ({full}): each moment element belongs to one rank only")
-        elif o["state_numel"] > full / o["world"] + 2 * o["largest"]:
-            problems.append(f"rank {rank} keeps {o['state_numel']} elements of state ({o['state_bytes']} bytes), more "
-                            f"than its share ({full // o['world']}) plus one parameter's moments: balance the shards")
+        elif o["state_numel"] / 2 > fair_share(o["param_numel"], o["largest"], o["world"]):
+            bound = fair_share(o["param_numel"], o["largest"], o["world"])
+            problems.append(f"rank {rank} keeps the moments of {o['state_numel'] // 2} of the {o['param_numel']} parameter "
+                            f"elements; a fair deal keeps every rank under {bound:.0f} (4/3 of the larger of an "
+                            f"even share and the largest parameter): deal the largest parameters first, each to "
+                            f"the rank with the least so far")
     return problems
 
 
