@@ -41,6 +41,7 @@ Out of scope, with the reason (each experiment is either in PROGRAMS or named he
   nb10_cpus.py           prints each worker's CPUs under the localhost SLURM: no training
   nb11_gpu_paths.py      DDP's options counted: grads read in comm hooks, graphs counted by a backend
                          of its own, FSDP2/HSDP shards per rank by design (verify compares whole replicas)
+  nb12_naive.py          naive all-reduces beside torch's DDP on the same gradients: no optimizer step
 """
 import os
 from concurrent.futures import ThreadPoolExecutor
