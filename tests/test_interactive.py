@@ -359,3 +359,29 @@ def test_ranks_listen_on_loopback_where_the_hostname_resolves_to_the_network(tmp
     assert seen["summed"] == [3.0, 3.0]
     assert seen["ifname"] == ["lo", "lo"]
     assert seen["exposed"] == [], f"the live ranks listen on the network: {seen['exposed']}"
+
+
+def test_an_error_that_came_before_streaming_began_is_shown_once(capsys):
+    """ipyparallel's stream_output() replays a rank's printed lines that arrived before it was entered,
+    not its error: a rank that fails at once had its traceback lost (seen once in CI). replay_errors
+    prints it, and the stream does not print it a second time when its message comes after."""
+    from types import SimpleNamespace
+
+    import ipyparallel.error as ipp_error
+    from ddp_lab.engine import _pxmagic
+    tb = "Traceback (most recent call last):\n  File \"<cell>\", line 2\nZeroDivisionError: division by zero"
+    err = ipp_error.RemoteError("ZeroDivisionError", "division by zero", tb)
+    futures = [SimpleNamespace(output=SimpleNamespace(metadata={"error": None})),
+               SimpleNamespace(output=SimpleNamespace(metadata={"error": err}))]
+    streamed = []
+    result = SimpleNamespace(_targets=[0, 1], _children=futures,
+                             _iopub_streaming_output_callback=lambda eid, f, msg: streamed.append(eid))
+    shown = _pxmagic.stream_errors_once(result)
+    _pxmagic.replay_errors(result, shown)
+    assert shown == {1} and capsys.readouterr().err.count("ZeroDivisionError: division by zero") == 1
+    result._iopub_streaming_output_callback(1, futures[1], {"header": {"msg_type": "error"},
+                                                            "content": {"ename": "ZeroDivisionError"}})
+    assert streamed == []  # the late message of the same error: not streamed again
+    result._iopub_streaming_output_callback(0, futures[0], {"header": {"msg_type": "error"},
+                                                            "content": {"ename": "ValueError"}})
+    assert streamed == [0] and shown == {0, 1}

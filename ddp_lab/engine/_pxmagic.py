@@ -11,6 +11,8 @@ RanksInterrupted after the stop button. `--noblock` and `--no-stream` behave as 
 """
 from __future__ import annotations
 
+import sys
+import threading
 import time
 
 from ipyparallel.client.magics import ParallelMagics
@@ -55,6 +57,7 @@ class RankMagics(ParallelMagics):
             self.shell.user_ns[save_name] = result
         shown = stream_errors_once(result)
         with result.stream_output():
+            replay_errors(result, shown)
             try:
                 self.ranks._wait(result)  # the stop button: RanksInterrupted, after the last lines
             except RanksError as e:
@@ -70,6 +73,9 @@ class RankMagics(ParallelMagics):
                     result.wait_for_output(OUTPUT_WAIT_S)
 
 
+_SHOWING = threading.Lock()  # ipyparallel's thread streams, this one replays: one shows each error
+
+
 def stream_errors_once(result) -> set:
     """Have ipyparallel stream each rank's error as it comes, except a stopped cell's
     KeyboardInterrupt (RanksInterrupted says it in one line); returns the engine ids shown."""
@@ -80,7 +86,25 @@ def stream_errors_once(result) -> set:
         if msg["header"]["msg_type"] == "error":
             if msg["content"].get("ename") == "KeyboardInterrupt":
                 return
-            shown.add(eid)
+            with _SHOWING:
+                if eid in shown:
+                    return
+                shown.add(eid)
         stream(eid, future, msg)
     result._iopub_streaming_output_callback = callback
     return shown
+
+
+def replay_errors(result, shown: set) -> None:
+    """stream_output() replays what a rank printed before it was entered, but not a rank's error:
+    a rank that failed that fast (`1 / 0` at once, seen under load) had its traceback lost and the
+    cell waited OUTPUT_WAIT_S for it. Print such errors here, once, as the stream would have."""
+    for eid, future in zip(result._targets, result._children):
+        err = future.output.metadata.get("error")
+        if err is None or getattr(err, "ename", "") == "KeyboardInterrupt":
+            continue
+        with _SHOWING:
+            if eid in shown:
+                continue
+            shown.add(eid)
+        print("\n".join(err.render_traceback()), file=sys.stderr)
