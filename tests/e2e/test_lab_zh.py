@@ -8,21 +8,12 @@ runtime folders in a temporary home, as tests/e2e/test_landing.py runs `make lab
 from __future__ import annotations
 
 import json
-import os
 import re
-import secrets
-import shlex
-import signal
-import subprocess
-import sys
 
-import psutil
 import pytest
 
-from conftest import wait_until  # tests/conftest.py
-
-from .conftest import SETTINGS, Lab, _get
 from .lab_page import PANEL, ROOT
+from .test_landing import lab_from_make
 
 NOTEBOOK_00 = "notebooks/zh/00_first_launch.ipynb"
 HAN = re.compile(r"[\u4e00-\u9fff]")
@@ -40,39 +31,10 @@ def language_pack() -> bool:
 @pytest.fixture
 def make_lab_zh(tmp_path):
     """`make lab-zh` on a free port; yields (base URL, token)."""
-    from ddp_lab.engine.launch import free_port
     if not (ROOT / NOTEBOOK_00).exists():
         pytest.fail(f"{NOTEBOOK_00} is missing: make zh")
-    for name, value in SETTINGS.items():  # autosave off: the test must not write the notebook
-        (tmp_path / "settings" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "settings" / name).write_text(json.dumps(value))
-    port, token = free_port(), secrets.token_hex(16)
-    args = [f"--port={port}", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-            "--LabApp.expose_app_in_browser=True", f"--LabApp.user_settings_dir={tmp_path / 'settings'}"]
-    venv = sys.prefix
-    cmd = ["make", "--no-print-directory", "-o", f"{venv}/.installed", "lab-zh", f"VENV={venv}",
-           f"LAB_ZH_WORKSPACES={tmp_path / 'workspaces'}", f"LAB_ARGS={shlex.join(args)}"]
-    env = {**os.environ, **{f"JUPYTER_{d}_DIR": str(tmp_path / d.lower()) for d in ("CONFIG", "DATA", "RUNTIME")}}
-    log = open(tmp_path / "lab.log", "w")
-    make = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        up = wait_until(lambda: make.poll() is not None or _get(f"{base}/api/status?token={token}") is not None, 180)
-        assert up and make.poll() is None, f"make lab-zh did not start:\n{(tmp_path / 'lab.log').read_text()[-3000:]}"
-        yield base, token
-    finally:
-        family = [psutil.Process(make.pid), *psutil.Process(make.pid).children(recursive=True)] \
-            if make.poll() is None else []
-        if make.poll() is None:
-            Lab(base, token, None, tmp_path).shut_down_kernels()
-            wait_until(lambda: not _get(f"{base}/api/kernels?token={token}"), 60)
-            os.killpg(make.pid, signal.SIGTERM)
-        try:
-            make.wait(timeout=60)
-        finally:
-            log.close()
-        assert wait_until(lambda: not [p for p in family if p.is_running()
-                                       and p.status() != psutil.STATUS_ZOMBIE], timeout=60), f"left running: {family}"
+    with lab_from_make("lab-zh", "LAB_ZH_WORKSPACES", tmp_path) as served:
+        yield served
 
 
 def test_lab_zh_opens_the_chinese_notebook_00_trusted_translated_and_drawn(make_lab_zh, browser, tmp_path):

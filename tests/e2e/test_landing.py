@@ -6,6 +6,7 @@ nothing there.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -26,27 +27,29 @@ NOTEBOOK_00 = "notebooks/00_first_launch.ipynb"
 WORKSPACE = ROOT / ".jupyter-lab" / "default-37a8.jupyterlab-workspace"
 
 
-@pytest.fixture
-def make_lab(tmp_path):
-    """`make lab` on a free port; yields (base URL, token, the lab's workspaces folder, home)."""
+@contextlib.contextmanager
+def lab_from_make(target: str, workspaces_var: str, tmp_path):
+    """The Makefile's `target` (lab, lab-zh) on a free port, without reinstalling, its workspaces in
+    tmp_path/workspaces and Jupyter's folders in tmp_path; yields (base URL, token). Afterwards every
+    process it started has ended."""
     from ddp_lab.engine.launch import free_port
-    for name, value in SETTINGS.items():  # autosave off: the test must not write notebook 00
+    for name, value in SETTINGS.items():  # autosave off: the test must not write the notebook
         (tmp_path / "settings" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "settings" / name).write_text(json.dumps(value))
     port, token = free_port(), secrets.token_hex(16)
     args = [f"--port={port}", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
             "--LabApp.expose_app_in_browser=True", f"--LabApp.user_settings_dir={tmp_path / 'settings'}"]
     venv = sys.prefix  # the environment running the tests (make's .venv in CI)
-    cmd = ["make", "--no-print-directory", "-o", f"{venv}/.installed", "lab", f"VENV={venv}",
-           f"LAB_WORKSPACES={tmp_path / 'workspaces'}", f"LAB_ARGS={shlex.join(args)}"]
+    cmd = ["make", "--no-print-directory", "-o", f"{venv}/.installed", target, f"VENV={venv}",
+           f"{workspaces_var}={tmp_path / 'workspaces'}", f"LAB_ARGS={shlex.join(args)}"]
     env = {**os.environ, **{f"JUPYTER_{d}_DIR": str(tmp_path / d.lower()) for d in ("CONFIG", "DATA", "RUNTIME")}}
     log = open(tmp_path / "lab.log", "w")
     make = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         up = wait_until(lambda: make.poll() is not None or _get(f"{base}/api/status?token={token}") is not None, 180)
-        assert up and make.poll() is None, f"make lab did not start:\n{(tmp_path / 'lab.log').read_text()[-3000:]}"
-        yield base, token, tmp_path / "workspaces", tmp_path
+        assert up and make.poll() is None, f"make {target} did not start:\n{(tmp_path / 'lab.log').read_text()[-3000:]}"
+        yield base, token
     finally:
         family = [psutil.Process(make.pid), *psutil.Process(make.pid).children(recursive=True)] \
             if make.poll() is None else []
@@ -59,6 +62,13 @@ def make_lab(tmp_path):
         finally:
             log.close()
         assert wait_until(lambda: not [p for p in family if _alive(p)], timeout=60), f"left running: {family}"
+
+
+@pytest.fixture
+def make_lab(tmp_path):
+    """`make lab` on a free port; yields (base URL, token, the lab's workspaces folder, home)."""
+    with lab_from_make("lab", "LAB_WORKSPACES", tmp_path) as (base, token):
+        yield base, token, tmp_path / "workspaces", tmp_path
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -140,6 +140,9 @@ def torch_own_inside(obj, depth: int = 3) -> str | None:
     return walk(obj, depth)
 
 
-def refused(name: str) -> str:
-    return (f"refused: your answer hands the work to {name}. This exercise is to build it yourself; "
-            f"torch's class is what the grader compares against")
+def refusal(per_rank: dict) -> list:
+    """The one finding when any rank saw torch's own class inside the answer (on_rank's "refused"),
+    else []."""
+    name = next((o["refused"] for o in per_rank.values() if o.get("refused")), None)
+    return [] if name is None else [f"refused: your answer hands the work to {name}. This exercise is to "
+                                    f"build it yourself; torch's class is what the grader compares against"]

@@ -17,7 +17,7 @@ possible for 2 ranks (a + b is exact in either order, and halving is exact), not
 (gradient / N on each rank) where an answer may divide after it.
 """
 from ddp_lab.grade.core import MANY_OPS, Exercise, register, within
-from ddp_lab.grade.exercises._watch import Watch, refused, torch_own_inside
+from ddp_lab.grade.exercises._watch import Watch, refusal, torch_own_inside
 
 STEPS, LR, BATCH = 2, 0.1, 8
 CAP = 300  # bytes: 4 buckets, not the 3 of plan_buckets' default (4096): a class that ignores bucket_cap_bytes is seen
@@ -142,8 +142,8 @@ class _nothing:
 
 def judge(per_rank):
     o0 = per_rank[0]
-    if any(o.get("refused") for o in per_rank.values()):
-        return [refused(next(o["refused"] for o in per_rank.values() if o.get("refused")))]
+    if refusal(per_rank):
+        return refusal(per_rank)
     problems = []
     if not all(o["synced"] for o in per_rank.values()):
         return [f"the ranks' weights differ after your constructor ({', '.join(o0['setup_calls']) or 'no collective'} "

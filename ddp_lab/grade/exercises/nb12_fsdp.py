@@ -17,7 +17,7 @@ What it also reads:
 Tolerance: 1e-5 of the value compared (sums of a few products in float32, in another order).
 """
 from ddp_lab.grade.core import MANY_OPS, Exercise, register, within
-from ddp_lab.grade.exercises._watch import refused, torch_own_inside
+from ddp_lab.grade.exercises._watch import refusal, torch_own_inside
 
 STEPS, LR, BATCH = 3, 0.1, 8
 
@@ -98,8 +98,8 @@ def on_rank(answer, rank, world):
 
 def judge(per_rank):
     import math
-    if any(o.get("refused") for o in per_rank.values()):
-        return [refused(next(o["refused"] for o in per_rank.values() if o.get("refused")))]
+    if refusal(per_rank):
+        return refusal(per_rank)
     problems = []
     for rank, o in sorted(per_rank.items()):
         share = sum(math.ceil(n / o["world"]) for n in o["layers"])

@@ -13,7 +13,7 @@ backward: one each.
 Tolerance: 1e-5 of the largest value compared (sums over 13 rows in float32).
 """
 from ddp_lab.grade.core import MANY_OPS, Exercise, register, within
-from ddp_lab.grade.exercises._watch import Watch, refused, torch_own_inside
+from ddp_lab.grade.exercises._watch import Watch, refusal, torch_own_inside
 
 C, SIZES, PASSES = 6, (5, 8), 2
 
@@ -88,8 +88,8 @@ def _biased_var(ref, step):
 
 
 def judge(per_rank):
-    if any(o.get("refused") for o in per_rank.values()):
-        return [refused(next(o["refused"] for o in per_rank.values() if o.get("refused")))]
+    if refusal(per_rank):
+        return refusal(per_rank)
     problems = []
     for rank, o in sorted(per_rank.items()):
         for s, p in enumerate(o["passes"]):

@@ -15,7 +15,7 @@ gradient's rounding (the global batch's mean against the mean of two halves) mov
 step by at most lr x that rounding's relative size.
 """
 from ddp_lab.grade.core import MANY_OPS, Exercise, register, within
-from ddp_lab.grade.exercises._watch import Watch, refused, torch_own_inside
+from ddp_lab.grade.exercises._watch import Watch, refusal, torch_own_inside
 
 STEPS, LR, BATCH = 3, 0.01, 8
 
@@ -106,8 +106,8 @@ def fair_share(param_numel: int, largest: int, world: int) -> float:
 
 
 def judge(per_rank):
-    if any(o.get("refused") for o in per_rank.values()):
-        return [refused(next(o["refused"] for o in per_rank.values() if o.get("refused")))]
+    if refusal(per_rank):
+        return refusal(per_rank)
     problems = []
     for rank, o in sorted(per_rank.items()):
         for s, step in enumerate(o["steps"]):
