@@ -5,7 +5,7 @@
 
 Each rung is a small diff of the one before (notebook 06b shows the diffs): minimal_ddp.py ->
 ddp2_metrics.py -> ddp3_checkpoint.py -> ddp4_amp_accum.py -> ddp5_errors.py ->
-ddp6_checkpoint_errors.py -> ddp7_data_models.py -> train_ddp.py.
+ddp6_checkpoint_errors.py -> ddp7_data_models.py -> ddp8_task.py -> train_ddp.py.
 """
 import argparse
 import datetime

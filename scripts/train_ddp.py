@@ -44,7 +44,7 @@ Metrics (--metrics-out, JSON lines appended by rank 0, each with "kind" and "att
 config, train, eval, ckpt, resume, final. --profile-steps A:B writes a torch.profiler trace of
 those steps per rank. See docs/train_ddp.md.
 
-This file is the last rung of a ladder: minimal_ddp.py, then ddp2_metrics.py ... ddp7_data_models.py
+This file is the last rung of a ladder: minimal_ddp.py, then ddp2_metrics.py ... ddp8_task.py
 beside it, each a small diff of the one before (notebook 06b shows the diffs).
 Needs only torch 2.4 or newer (torchvision for resnet18/cifar10/imagefolder; scikit-learn for digits).
 Your own data or model: see "Your own data and model" in docs/train_ddp.md.

@@ -129,9 +129,11 @@ def test_rung5_bad_flag_is_one_message_and_exit_2(tmp_path):
     assert proc.stderr.strip() == "error: --batch-size must be at least 1 (got 0)"
 
 
-def test_rung7_float64_inputs_stop_with_one_line_naming_the_fix(tmp_path):
-    # rung 7 brings your own data: built without dtype=torch.float32, numpy's float64 reaches the model
-    source = ladder.path("ddp7_data_models.py").read_text()
+@pytest.mark.parametrize("rung", ["ddp7_data_models.py", "ddp8_task.py"])
+def test_own_data_float64_inputs_stop_with_one_line_naming_the_fix(tmp_path, rung):
+    # rung 7 brings your own data: built without dtype=torch.float32, numpy's float64 reaches the model;
+    # rung 8 reads the first sample through its Task and keeps the check
+    source = ladder.path(rung).read_text()
     built = "X = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0"
     assert source.count(built) == 1
     (tmp_path / "own_data.py").write_text(source.replace(built, built.replace("float32", "float64")))
@@ -140,3 +142,12 @@ def test_rung7_float64_inputs_stop_with_one_line_naming_the_fix(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip() == ("error: the inputs are torch.float64, the model float32: build the dataset "
                                    "from torch.tensor(X, dtype=torch.float32)"), proc.stderr[-3000:]
+
+
+def test_rung8_trains_a_regression_and_reports_rmse(tmp_path):
+    # the task seam: --task regression swaps the targets, the loss and the metrics; the loops are unchanged
+    out = run("ddp8_task.py", "--dataset", "synthetic", "--synthetic-shape", "16", "--synthetic-size", 256,
+              "--task", "regression", "--epochs", 1, "--metrics-out", "m.jsonl", cwd=tmp_path)
+    (ev,) = records(tmp_path / "m.jsonl", "eval")
+    assert ev["count"] == 32 and "acc" not in ev and math.isclose(ev["rmse"], math.sqrt(ev["loss"]))
+    assert "regression, 1 output(s)" in out and "rmse" in out

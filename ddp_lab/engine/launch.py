@@ -200,8 +200,9 @@ def _node_cmd(program_argv, nproc, nnodes, node_rank, port, max_restarts, args,
 
 
 def _reader(stream, key, q, ended) -> None:
-    for line in iter(stream.readline, ""):
-        q.put((key, line.rstrip("\n")))
+    with stream:  # closed at its end: no open pipe left for the garbage collector to warn about
+        for line in iter(stream.readline, ""):
+            q.put((key, line.rstrip("\n")))
     ended[key] = time.time()  # the job's own end, however long the display takes after it
     q.put((key, None))
 

@@ -10,7 +10,8 @@ The cluster starts unshaped; before each phase both nodes shape what they send
 3. for each rate in RATES: an all-reduce of the gradients' size across the link, and DDP's step,
    each step after a step without DDP on both ranks at once (each rank's compute, timed beside
    the steps, under the same load: the ranks share this machine's cores).
-4. on the slowest rate and unshaped: the remedies, each from the same start, timed the same way.
+4. on the slowest rate and unshaped: the remedies, each from the same start, timed in interleaved
+   rounds (one step of each in turn), so a burst of load lands on all of them alike.
 
 Records (rank 0; seconds are medians): kind="alone" (batch, forward, backward, optimizer),
 "alpha" (seconds), "link" (rate, bytes, seconds), "step" (rate, variant, compute: the step
@@ -34,6 +35,7 @@ from ddp_lab.lessons import models
 
 RATES = ("unshaped", "1gbit", "100mbit")
 B, WIDTH, DEPTH, STEPS, WARMUP = 128, 512, 4, 5, 3
+ROUNDS = {"unshaped": 15}  # more rounds where a step is short (about 15 ms) and noise is relatively large
 K = H = 4                # micro-batches per optimizer step (no_sync); steps between averages (local SGD)
 REMEDIES = ("DDP", "small buckets", "bf16 hook", "PowerSGD", "no_sync x4", "local SGD x4")
 
@@ -129,34 +131,45 @@ class Calls:
         dist.all_reduce = self.inner
 
 
-def timed(ctx, rate, variant):
-    """The variant's steps, each after one step without DDP (both ranks at once): the compute the
-    model is given is timed beside the steps it predicts, under the same load."""
-    model = build(variant)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+class Timed:
+    """One variant's model, optimizer and what its steps measured."""
+    def __init__(self, variant, model):
+        self.variant, self.model = variant, model
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.per, self.fwds, self.compute, self.tx, self.micro, self.handed = [], [], [], 0, 0, []
+
+
+def timed(ctx, rate, variants, rounds):
+    """Each variant's steps in interleaved rounds: one step of each variant in turn (a whole averaging
+    period for local SGD), each after one step without DDP (both ranks at once), so a burst of load on
+    this shared machine lands on every variant alike and the compute the model is given is timed
+    beside the steps it predicts."""
+    runs = [Timed(v, build(v)) for v in variants]
     plain = make_model()
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01)
     x, y = batch(B)
-    steps = STEPS * H if variant == "local SGD x4" else STEPS  # whole averaging periods
-    for i in range(WARMUP):
-        plain_step(plain, plain_opt, x, y)
-        one_step(model, opt, x, y, variant, i, ctx.world_size)
-    dist.barrier()
-    per, fwds, compute, tx0 = [], [], [], netcluster.tx_bytes()
-    with Calls() as calls:
-        for i in range(steps):
-            compute.append(plain_step(plain, plain_opt, x, y))
-            t0 = time.perf_counter()
-            micro, fwd = one_step(model, opt, x, y, variant, i, ctx.world_size)
-            per.append((time.perf_counter() - t0) / micro)
-            fwds.append(fwd)
-    tx = (netcluster.tx_bytes() - tx0) / (len(per) * micro)
-    if variant == "local SGD x4":   # a period's steps as one: the averaging lands on one of them
-        per = [sum(per[i:i + H]) / H for i in range(0, len(per), H)]
-    f, b, o = (statistics.median(c[k] for c in compute) for k in range(3))
-    ctx.record(kind="step", rate=rate, variant=variant, seconds=statistics.median(per),
-               forward=statistics.median(fwds), compute={"forward": f, "backward": b, "optimizer": o},
-               tx=tx, handed=calls.sizes, steps=steps)
+    for r in range(WARMUP + rounds):
+        dist.barrier()
+        for run in runs:
+            steps = H if run.variant == "local SGD x4" else 1
+            compute = plain_step(plain, plain_opt, x, y)
+            tx0, t0 = netcluster.tx_bytes(), time.perf_counter()
+            with Calls() as calls:
+                for i in range(steps):
+                    micro, fwd = one_step(run.model, run.opt, x, y, run.variant, i, ctx.world_size)
+            seconds = (time.perf_counter() - t0) / (steps * micro)
+            if r >= WARMUP:
+                run.per.append(seconds)
+                run.fwds.append(fwd)
+                run.compute.append(compute)
+                run.tx += netcluster.tx_bytes() - tx0
+                run.micro += steps * micro
+                run.handed += calls.sizes
+    for run in runs:
+        f, b, o = (statistics.median(c[k] for c in run.compute) for k in range(3))
+        ctx.record(kind="step", rate=rate, variant=run.variant, seconds=statistics.median(run.per),
+                   forward=statistics.median(run.fwds), compute={"forward": f, "backward": b, "optimizer": o},
+                   tx=run.tx / run.micro, handed=run.handed, steps=rounds * (H if run.variant == "local SGD x4" else 1))
 
 
 def link_time(nbytes, iters=3):
@@ -185,8 +198,8 @@ def main(argv=None):
             netcluster.shape(rate)
             dist.barrier()
             ctx.record(kind="link", rate=rate, bytes=nbytes, seconds=link_time(nbytes))
-            for variant in (REMEDIES if rate in (RATES[0], RATES[-1]) else REMEDIES[:1]):
-                timed(ctx, rate, variant)
+            variants = REMEDIES if rate in (RATES[0], RATES[-1]) else REMEDIES[:1]
+            timed(ctx, rate, variants, rounds=ROUNDS.get(rate, STEPS))
             ctx.print0(f"{rate}: link and steps timed")
 
 
