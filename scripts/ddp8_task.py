@@ -273,32 +273,22 @@ class ResumableSampler(DistributedSampler):
 
 # ---------------------------------------------------------------- the task: targets, loss, metrics
 class Task:
-    """What the model learns and how a batch reaches it, in one place: adapting the script to another
-    task or another shape of data is changing this class (or a subclass of it), never the loops.
-
-    A sample is (input, target), or a dict whose "labels" entry is the target and whose other entries
-    are the model's keyword arguments. classification: class indices, torch.long, one per sample (N,)
-    or one per position (N, T) against outputs (B, T, classes); -100 marks a position that counts
-    nowhere (padding); cross-entropy; loss and accuracy. regression: torch.float32 shaped as the
-    model's output, (N, outputs) or (N, T, outputs); mean squared error; loss (MSE) and RMSE."""
+    """What the model learns and how a batch reaches it. A sample is (input, target), or a dict whose
+    "labels" entry is the target and whose other entries are the model's keyword arguments."""
 
     collate_fn = None  # how samples become a batch, in both loaders; None: torch's default_collate
     labels = "labels"  # a dict sample's target
-    probe_samples = 64  # samples read to check a Dataset that is not a TensorDataset
 
     def __init__(self, kind: str, outputs: int):
-        self.kind, self.outputs, self.shape, self.example = kind, outputs, None, None
+        self.kind, self.outputs, self.shape = kind, outputs, None
 
-    def __str__(self):  # the start line's words for the model's output
-        return f"{self.outputs} classes" if self.kind == "classification" else f"regression, {self.outputs} output(s)"
-
-    # ------------------------------------------------ how a batch reaches the device and the model
     def to_device(self, batch, device):
-        """Every tensor of the batch on `device`, in tuples, lists and dicts alike."""
+        """Every tensor of the batch on `device`, in tuples (named ones too), lists and dicts alike."""
         if isinstance(batch, dict):
             return {k: self.to_device(v, device) for k, v in batch.items()}
         if isinstance(batch, (list, tuple)):
-            return type(batch)(self.to_device(v, device) for v in batch)
+            moved = [self.to_device(v, device) for v in batch]
+            return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
         return batch.to(device, non_blocking=True) if torch.is_tensor(batch) else batch
 
     def inputs(self, batch):
@@ -315,7 +305,6 @@ class Task:
     def batch(self, dataset, n):
         return (self.collate_fn or default_collate)([dataset[i] for i in range(min(n, len(dataset)))])
 
-    # ------------------------------------------------ loss and metrics
     def loss(self, out, y, reduction="mean"):
         if self.kind == "classification":  # (B, classes) against (B,), or (B, T, classes) against (B, T)
             return F.cross_entropy(out.flatten(0, -2), y.flatten(), reduction=reduction)
@@ -343,14 +332,27 @@ class Task:
     def describe(self, scores) -> str:
         return " ".join(f"{k} {v:.4f}" for k, v in scores.items() if k != "count") + f" ({scores['count']} samples)"
 
-    # ------------------------------------------------ the data, checked before its first use
-    def input_shape(self, dataset):  # one sample's; a dict's: (key, *shape) per entry
-        first = self.inputs(self.batch(dataset, 1))
+    def check_data(self, splits: dict, world_size: int) -> str | None:
+        """The one-line fix when a split cannot train or be evaluated, else None; sets self.shape."""
+        for name, data in splits.items():
+            if len(data) < (1 if name == "training" else world_size):  # every rank evaluates at least one
+                return (f"the {name} set has {len(data)} sample(s){f' for {world_size} ranks' * bool(len(data))}: "
+                        f"build_data must return at least {1 if name == 'training' else world_size}; check its "
+                        "path and split, or hold out more samples")
+            if problem := self.check_split(name, data):
+                return problem
+        return None
+
+    def check_split(self, name, data) -> str | None:  # train_ddp.py checks targets, NaN, shapes too
+        first = self.inputs(self.batch(data, 1))
+        if name == "training":
+            self.shape = (tuple((k, *v.shape[1:]) for k, v in first.items()) if isinstance(first, dict)
+                          else tuple(first.shape[1:]))  # one sample's shape, read from the data itself
         for t in first.values() if isinstance(first, dict) else [first]:
-            if t.is_floating_point() and t.dtype != torch.float32:  # numpy's float64
-                raise UsageError(f"the inputs are {t.dtype}, the model float32: build the dataset "
-                                 "from torch.tensor(X, dtype=torch.float32)")
-        return tuple((k, *v.shape[1:]) for k, v in first.items()) if isinstance(first, dict) else tuple(first.shape[1:])
+            if torch.is_tensor(t) and t.is_floating_point() and t.dtype != torch.float32:  # numpy's float64
+                return (f"the inputs are {t.dtype}, the model float32: build the dataset from "
+                        "torch.tensor(X, dtype=torch.float32)")
+        return None
 
 
 # ---------------------------------------------------------------- model
@@ -448,7 +450,7 @@ def check_writable(folder: str) -> str | None:
 # What a checkpoint's tensors depend on: resuming with any of these changed is refused, naming it.
 SPEC_FLAGS = {"model": "--model", "width": "--hidden", "batch_norm": "--batch-norm", "dropout": "--dropout",
               "dataset": "--dataset", "train_samples": "training samples", "classes": "classes",
-              "input_shape": "input shape"}
+              "input_shape": "input shape", "task": "--task"}
 
 
 def run_spec(args, train_set, classes, shape) -> dict:
@@ -762,8 +764,9 @@ def train(args, rank, world_size, device, backend):
     is_main = rank == 0
     train_set, val_set, outputs = build_data(args, rank)
     task = Task(args.task, outputs)  # the targets, the loss, the metrics, and how a batch reaches the model
-    shape = task.input_shape(train_set)  # one input sample's shape, read from the data itself
-    agree(check_start(args, world_size, train_set, is_main))
+    data_problem = task.check_data({"training": train_set, "validation": val_set}, world_size)
+    agree(check_start(args, world_size, train_set, is_main) or data_problem)
+    shape = task.shape  # one input sample's shape, read from the data itself
     fit_batch(args, len(train_set), world_size, is_main)  # before anything derives from the batch size
 
     torch.manual_seed(args.seed)  # identical init on every rank (DDP also broadcasts rank 0's)
@@ -800,7 +803,6 @@ def train(args, rank, world_size, device, backend):
     effective_batch = args.batch_size * world_size * args.accum_steps
     lr, total_steps = optimizer.param_groups[0]["initial_lr"], args.epochs * steps_per_epoch
     say(is_main, f"world_size={world_size} backend={backend} device={device} model={args.model} "
-        f"dataset={args.dataset} ({len(train_set)} train, {len(val_set)} val, {task}) "
         f"effective batch={args.batch_size} x {world_size} ranks x {args.accum_steps} accum "
         f"= {effective_batch}, lr={lr:g}, {steps_per_epoch} steps/epoch")
     metrics.write("config", **{**run_config, "backend": backend, "device": str(device)},

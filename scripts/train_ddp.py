@@ -372,11 +372,12 @@ class Task:
 
     # ------------------------------------------------ how a batch reaches the device and the model
     def to_device(self, batch, device):
-        """Every tensor of the batch on `device`, in tuples, lists and dicts alike."""
+        """Every tensor of the batch on `device`, in tuples (named ones too), lists and dicts alike."""
         if isinstance(batch, dict):
             return {k: self.to_device(v, device) for k, v in batch.items()}
         if isinstance(batch, (list, tuple)):
-            return type(batch)(self.to_device(v, device) for v in batch)
+            moved = [self.to_device(v, device) for v in batch]
+            return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
         return batch.to(device, non_blocking=True) if torch.is_tensor(batch) else batch
 
     def inputs(self, batch):

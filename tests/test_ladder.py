@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import TensorDataset
 
 from ddp_lab.engine import launch
 from ddp_lab.lessons import ladder
@@ -144,10 +145,25 @@ def test_own_data_float64_inputs_stop_with_one_line_naming_the_fix(tmp_path, run
                                    "from torch.tensor(X, dtype=torch.float32)"), proc.stderr[-3000:]
 
 
-def test_rung8_trains_a_regression_and_reports_rmse(tmp_path):
+def test_rung8_trains_a_regression_and_refuses_to_resume_it_as_a_classifier(tmp_path):
     # the task seam: --task regression swaps the targets, the loss and the metrics; the loops are unchanged
-    out = run("ddp8_task.py", "--dataset", "synthetic", "--synthetic-shape", "16", "--synthetic-size", 256,
-              "--task", "regression", "--epochs", 1, "--metrics-out", "m.jsonl", cwd=tmp_path)
+    data = ["--dataset", "synthetic", "--synthetic-shape", "16", "--synthetic-size", 256, "--epochs", 1]
+    out = run("ddp8_task.py", *data, "--task", "regression", "--metrics-out", "m.jsonl", "--ckpt-dir", "ck",
+              cwd=tmp_path)
     (ev,) = records(tmp_path / "m.jsonl", "eval")
     assert ev["count"] == 32 and "acc" not in ev and math.isclose(ev["rmse"], math.sqrt(ev["loss"]))
-    assert "regression, 1 output(s)" in out and "rmse" in out
+    assert "rmse" in out
+    # the checkpoint records the task: resuming it as a classifier is one line naming both, exit code 2
+    proc = subprocess.run([sys.executable, str(ladder.path("ddp8_task.py")), *map(str, data), "--ckpt-dir", "ck"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert "--task regression, this run has" in proc.stderr and "--task classification" in proc.stderr
+
+
+def test_rung8_refuses_a_validation_set_smaller_than_the_world():
+    # evaluate all-reduces each rank's sums: a rank with no validation sample would have none to send
+    task = ladder.load(8).Task("classification", 10)
+    x, y = torch.zeros(8, 4), torch.zeros(8, dtype=torch.long)
+    splits = {"training": TensorDataset(x, y), "validation": TensorDataset(x[:1], y[:1])}
+    assert task.check_data(splits, world_size=2).startswith("the validation set has 1 sample(s) for 2 ranks")
+    assert task.check_data(splits, world_size=1) is None and task.shape == (4,)

@@ -4,6 +4,7 @@ one class (Task); targets that do not fit refused in one line; a run whose steps
 Two short 2-rank launches (gloo, a small synthetic set) train each task; the bad inputs run as one
 process, on copies of the script with one line changed, as a user's own data would arrive.
 """
+import collections
 import difflib
 import importlib.util
 import json
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import TensorDataset, default_collate
 
 from ddp_lab.engine import launch
 
@@ -244,6 +245,17 @@ def test_the_seam_takes_dict_batches_and_keyword_models():
     per_sequence = [dict(s, labels=torch.tensor(1)) for s in samples]  # one label per sequence, an output per token
     task.check_data({"training": per_sequence}, 1)
     assert "shaped (2, 5, 3) for targets shaped (2,)" in task.check_output(Tagger(), torch.device("cpu"))
+
+
+def test_to_device_keeps_named_tuples_lists_and_dicts():
+    # default_collate keeps a namedtuple sample a namedtuple; rebuilding one needs its fields by position
+    Sample = collections.namedtuple("Sample", "x y")
+    task = load_module().Task("classification", 3)
+    batch = default_collate([Sample(torch.ones(2), torch.tensor(1)), Sample(torch.zeros(2), torch.tensor(0))])
+    moved = task.to_device(batch, torch.device("cpu"))
+    assert type(moved) is Sample and torch.equal(moved.x, batch.x) and task.target(moved).tolist() == [1, 0]
+    nested = task.to_device({"a": [torch.ones(1), (torch.zeros(1), "text")]}, torch.device("cpu"))
+    assert isinstance(nested["a"], list) and isinstance(nested["a"][1], tuple) and nested["a"][1][1] == "text"
 
 
 def test_evaluate_sizes_its_sums_from_the_task(tmp_path):

@@ -3,7 +3,7 @@
     torchrun --standalone --nproc_per_node=2 -m ddp_lab.experiments.nb06b_ladder --epochs 1
 
 Each rung's own train(args, rank, world_size, device, backend) runs on this program's process
-group (one launch instead of eight: each torchrun start costs seconds), with its features off
+group (one launch instead of nine: each torchrun start costs seconds), with its features off
 (rungs 4 and up: --lr-schedule constant, since the cosine schedule is on by default). Rungs 2 and up write
 their JSON-lines records to OUT/rungK.jsonl; rung 1 prints its epoch losses. Every rank records
 kind="weights" (rung, params_sha256): a sha256 of the final weights of the model each rung wrapped in

@@ -4,8 +4,8 @@ Each rung is a whole program (copy any of them) and a small diff of the one befo
 renders the diffs and tests/test_ladder.py keeps the ladder a ladder:
 
 - no rung changes more than MAX_CHANGED lines of the one before (the top rung MAX_CHANGED_TOP);
-- a rung adds or changes exactly the functions it declares in `changes` (so a fix made in
-  train_ddp.py alone, and not in the rungs below it, fails the test);
+- a rung adds or changes exactly the functions, classes and module constants it declares in
+  `changes` (so a fix made in train_ddp.py alone, and not in the rungs below it, fails the test);
 - every rung runs on its own under torchrun;
 - the key lines notebook 06b shows first for each rung (`KEYS`) are in that rung and new in it
   (tests/test_ladder_steps.py), so the excerpts cannot drift from the files.
@@ -33,7 +33,7 @@ class Rung:
     file: str
     title: str
     adds: str        # two lines: what the rung adds, and why
-    changes: tuple   # the functions and classes it adds or changes
+    changes: tuple   # the functions, classes and module constants it adds or changes
 
 
 RUNGS = [
@@ -65,25 +65,26 @@ RUNGS = [
     Rung("ddp6_checkpoint_errors.py", "checkpoints you can trust",
          "An unwritable folder, a full disk, an unreadable or mismatched checkpoint: one clear message.\n"
          "A failed save never damages the last good checkpoint, and no run resumes into the wrong model.",
-         ("os_error_in", "describe_write_error", "atomic_save", "check_writable", "run_spec",
+         ("os_error_in", "describe_write_error", "atomic_save", "check_writable", "SPEC_FLAGS", "run_spec",
           "read_checkpoint", "file_fingerprint", "resume_state", "resume", "save_checkpoint", "check_start",
           "train")),
     Rung("ddp7_data_models.py", "your data and your model",
          "CIFAR-10, ImageFolder, synthetic data; a CNN, ResNet-18, dropout, BatchNorm, SyncBatchNorm; persistent workers.\n"
          "Own random streams per rank after identical weights; rank 0's BatchNorm stats for evaluation.",
          ("parse_args", "validate", "load_digits_split", "build_data", "mlp_width", "build_model",
-          "run_spec", "rank_seed", "evaluation_loader", "sync_buffers", "train")),
+          "SPEC_FLAGS", "run_spec", "rank_seed", "evaluation_loader", "sync_buffers", "train")),
     Rung("ddp8_task.py", "any task",
          "Classification or regression, tuples or dict batches, models called with keywords, a collate_fn:\n"
          "one class, Task, says how a batch reaches the model and what its loss and metrics are; the loops only call it.",
-         ("parse_args", "validate", "build_data", "Task", "run_spec", "evaluation_loader", "evaluate", "train")),
+         ("parse_args", "validate", "build_data", "Task", "SPEC_FLAGS", "run_spec", "evaluation_loader", "evaluate",
+          "train")),
     Rung("train_ddp.py", "the production template",
          "A progress bar, torch.profiler traces, torch.compile, gradient compression, TF32, gradients as bucket views,\n"
          "a crash drill, sharded checkpoints (--ckpt-format dcp) for models too big to gather on one rank; "
-         "@record names a rank's traceback; every check of the data a one-line fix (Task.check_data);\n"
-         "a diverged run stopped (StepLog); loader workers from a fork server on GPUs.",
-         ("parse_args", "step_range", "validate", "params_sha256", "progress_bar", "set_tf32", "wrap_model",
-          "Task", "workers_start", "evaluation_loader",
+         "@record names a rank's traceback; the data's checks (targets, NaN inputs, output shapes), each a\n"
+         "one-line fix; a diverged run stopped (StepLog); loader workers from a fork server on GPUs.",
+         ("TORCH_FLOOR", "parse_args", "step_range", "validate", "params_sha256", "progress_bar", "set_tf32", "wrap_model",
+          "Task", "SPEC_FLAGS", "workers_start", "evaluation_loader",
           "StepProfiler", "StepLog", "say", "crash", "train", "main", "read_checkpoint", "file_fingerprint", "resume_state",
           "latest_checkpoint", "format_error", "resume", "save_checkpoint", "save_sharded", "load_sharded")),
 ]
@@ -148,11 +149,12 @@ KEYS = {
     8: (Key("Task", "def forward(self, model, batch)", "return model(**x)",
             "A dict's entries become the model's keyword arguments; otherwise the input is passed as it is."),
         Key("train", "task = Task(args.task, outputs)", "task = Task(args.task, outputs)",
-            "The task is built from --task and the number of outputs build_data returns."),
+            "The task is built from --task and the number of outputs build_data returns (a subclass of your own "
+            "is built here instead)."),
         Key("train", "for batch in loader:", "y = task.target(batch)",
             "The loop no longer unpacks (x, y): the task moves any batch to the device and finds its target."),
         Key("train", "loss = task.loss(task.forward(", "loss = task.loss(task.forward(",
-            "Its loss, on its forward: cross-entropy for class indices, mean squared error for values."),
+            "The task's loss on the model's output: cross-entropy for class indices, mean squared error for values."),
         Key("evaluate", "stats = 0", "return task.metrics(stats)",
             "As many sums as the task returns, all-reduced: RMSE from the global mean squared error, "
             "never a mean of each rank's RMSE.")),
@@ -192,14 +194,20 @@ def changed_lines(a, b) -> int:
 
 
 def definitions(rung) -> dict[str, str]:
-    """Top-level functions and classes of a rung: name -> source text."""
+    """Top-level functions, classes and module constants (SPEC_FLAGS = {...}) of a rung: name -> source
+    text. A constant counts as much as a function: a fix to one must reach every rung that has it."""
     src = path(rung).read_text().splitlines()
-    return {n.name: "\n".join(src[min([n.lineno] + [d.lineno for d in n.decorator_list]) - 1:n.end_lineno])
-            for n in ast.parse("\n".join(src)).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    found = {}
+    for n in ast.parse("\n".join(src)).body:
+        if isinstance(n, (ast.FunctionDef, ast.ClassDef)):
+            found[n.name] = "\n".join(src[min([n.lineno] + [d.lineno for d in n.decorator_list]) - 1:n.end_lineno])
+        elif isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            found[n.targets[0].id] = "\n".join(src[n.lineno - 1:n.end_lineno])
+    return found
 
 
 def changed_definitions(a, b) -> set[str]:
-    """Functions and classes that rung b adds, or changes, relative to rung a."""
+    """Functions, classes and module constants that rung b adds, or changes, relative to rung a."""
     old, new = definitions(a), definitions(b)
     return {name for name, code in new.items() if old.get(name) != code}
 
@@ -291,7 +299,7 @@ def steps(k: int):
     head = (f"<b>Rung {k}: <code>{r.file}</code>, {html.escape(r.title)}</b><br>"
             + "<br>".join(html.escape(s) for s in r.adds.splitlines()))
     fold = (f"<details><summary>The whole diff from <code>{prev.file}</code>: {changed_lines(prev, r)} lines "
-            f"changed, in {len(r.changes)} functions and classes ({shown} of its lines shown above)</summary>"
+            f"changed, in {len(r.changes)} definitions ({shown} of its lines shown above)</summary>"
             + diff_html(prev, r) + "</details>")
     return HTML(f"<p>{head}</p>" + key_html(k) + fold)
 
