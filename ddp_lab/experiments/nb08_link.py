@@ -35,7 +35,7 @@ from ddp_lab.lessons import models
 
 RATES = ("unshaped", "1gbit", "100mbit")
 B, WIDTH, DEPTH, STEPS, WARMUP = 128, 512, 4, 5, 3
-ROUNDS = {"unshaped": 15}  # more rounds where a step is short (about 15 ms) and noise is relatively large
+ROUNDS = {"unshaped": 15, "100mbit": 15}  # rounds per remedy rate: a short step (PowerSGD, or any step unshaped) is noisy
 K = H = 4                # micro-batches per optimizer step (no_sync); steps between averages (local SGD)
 REMEDIES = ("DDP", "small buckets", "bf16 hook", "PowerSGD", "no_sync x4", "local SGD x4")
 
